@@ -1,0 +1,118 @@
+"""``mmprep-runtime``: the command line. Parses arguments and hands over to one module per command.
+
+Each command module is imported only when its command runs, so ``--help`` and argument errors
+answer without importing torch or transformers (seconds on a busy node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from mmprep_runtime import policy
+
+EXIT_USAGE = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not policy.MIN_WORKERS <= value <= policy.MAX_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"expected {policy.MIN_WORKERS}..{policy.MAX_WORKERS}, got {value}"
+        )
+    return value
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder or hub id of the processor")
+    parser.add_argument("--revision", default=None, help="hub revision (ignored for folders)")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow the processor's own Python code from the model folder (refused otherwise)",
+    )
+    parser.add_argument("--backend", choices=[b.value for b in policy.Backend], default=None,
+                        help="image processor backend (default auto: torchvision when available)")
+    parser.add_argument("--device", choices=[d.value for d in policy.Device], default=None,
+                        help="where a fast image processor runs (default: env MMPREP_DEVICE, else auto)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmprep-runtime",
+        description="Clone-per-thread multimodal preprocessing server, with probe and bench.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="serve POST /v1/preprocess over HTTP")
+    _add_model_arguments(serve)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--processor-workers", type=_positive_int, default=None,
+                       help="processor worker threads (overrides env MMPREP_PROCESSOR_WORKERS)")
+    serve.add_argument("--io-workers", type=_positive_int, default=None,
+                       help="decode threads (overrides env MMPREP_IO_WORKERS)")
+    serve.add_argument("--queue-size", type=int, default=None, help="requests waiting beyond the workers before 429")
+    serve.add_argument("--deadline", type=float, default=None, help="per-request deadline in seconds (504 after)")
+    serve.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413 above)")
+    serve.add_argument("--max-image-pixels", type=int, default=None, help="largest decoded image, in pixels")
+    serve.add_argument("--max-images", type=int, default=None, help="most images in one request")
+    serve.add_argument("--log-level", default="INFO")
+
+    probe = commands.add_parser("probe", help="print what this processor is and whether it can be cloned")
+    _add_model_arguments(probe)
+    probe.add_argument("--termination-log", default=None,
+                       help="also write the JSON here (Kubernetes terminationMessagePath)")
+
+    bench = commands.add_parser("bench", help="throughput and latency by worker count")
+    _add_model_arguments(bench)
+    bench.add_argument("--workers", default="1,2,4", help="comma-separated worker counts to measure")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds of load per worker count")
+    bench.add_argument("--image", default="1280x960", help="synthetic image size WxH, one image per request")
+    bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
+    bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
+    bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+    make = commands.add_parser("make-model", help="build a real processor folder offline (tests, demos)")
+    make.add_argument("--kind", required=True, help="qwen2-vl, llava, whisper, tokenizer or uncloneable")
+    make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
+    make.add_argument("--backend", choices=["torchvision", "pil"], default="torchvision",
+                      help="image processor class written into the folder")
+    make.add_argument("--declared-workers", type=_positive_int, default=None,
+                      help="write mmprep.json declaring this processor worker count")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "make-model":
+        from mmprep_runtime import testing_models
+
+        try:
+            out = testing_models.make_model(
+                args.kind, args.out, backend=args.backend, declared_workers=args.declared_workers
+            )
+        except testing_models.ModelBuildError as exc:
+            print(f"mmprep-runtime make-model: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(out)
+        return 0
+    if args.command == "probe":
+        from mmprep_runtime import probe
+
+        return probe.main(args)
+    if args.command == "bench":
+        from mmprep_runtime import bench
+
+        return bench.main(args)
+    from mmprep_runtime import serve
+
+    return serve.main(args)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m mmprep_runtime.cli`
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Build real processor folders offline, for tests, demos and benchmarks.
+
+No model hub is reachable where mmprep is tested, so every processor the tests load is built here
+from real transformers classes and a small byte-level BPE tokenizer trained with ``tokenizers`` on a
+tiny corpus. The folders load through ``AutoProcessor.from_pretrained(folder)`` exactly like a
+downloaded model would. The image processor configs are the real defaults of each class, so the
+preprocessing cost per image is the real one; only the vocabulary is small.
+
+Kinds:
+- ``qwen2-vl``: Qwen2VLProcessor (image processor backend ``torchvision`` or ``pil``, video processor);
+- ``llava``: LlavaProcessor over a CLIP image processor (one ``<image>`` placeholder per image);
+- ``whisper``: WhisperProcessor (audio feature extractor + tokenizer);
+- ``tokenizer``: a bare tokenizer (``AutoProcessor`` returns the tokenizer itself);
+- ``uncloneable``: a llava-style processor shipped as remote code (``auto_map``) whose deepcopy
+  raises, the way processors holding a native handle do. Loads only with ``trust_remote_code``.
+
+Any kind may carry a sidecar ``mmprep.json`` with ``{"processor_workers": N}`` (see
+``mmprep_runtime.declared``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import pathlib
+import textwrap
+from typing import Any, Final
+
+from mmprep_runtime import declared
+
+SPECIAL_TOKENS: Final = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<image>",
+)
+LLAVA_IMAGE_TOKEN: Final = "<image>"
+QWEN_IMAGE_PLACEHOLDER: Final = "<|vision_start|><|image_pad|><|vision_end|>"
+
+# A few sentences are enough: the tokenizer only has to be a real trained BPE, not a good one.
+_CORPUS: Final = (
+    "Describe this picture in one sentence.",
+    "What is written on the page of this document?",
+    "A cat is sitting on a red mat next to the window.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Transcribe the audio and summarise it.",
+    "How many people are in the image, and what are they doing?",
+)
+_VOCAB_SIZE: Final = 600
+
+UNCLONEABLE_MODULE: Final = "processing_uncloneable"
+UNCLONEABLE_CLASS: Final = "UncloneableProcessor"
+
+# The remote code of the ``uncloneable`` kind. It is real remote code: transformers imports it from
+# the folder only when trust_remote_code is given.
+_UNCLONEABLE_SOURCE: Final = textwrap.dedent(
+    '''
+    """A llava-style processor that cannot be deep-copied.
+
+    It stands in for processors that hold a native handle (a session, a lock, a Rust object
+    without copy support): copying them raises, so a pool cannot give each thread its own copy.
+    """
+
+    from transformers import LlavaProcessor
+
+
+    class UncloneableProcessor(LlavaProcessor):
+        def __deepcopy__(self, memo):
+            raise TypeError(
+                "UncloneableProcessor holds a native session handle that cannot be copied"
+            )
+    '''
+).lstrip()
+
+
+class Kind(str, enum.Enum):
+    QWEN2_VL = "qwen2-vl"
+    LLAVA = "llava"
+    WHISPER = "whisper"
+    TOKENIZER = "tokenizer"
+    UNCLONEABLE = "uncloneable"
+
+
+class ModelBuildError(ValueError):
+    """The folder cannot be built as asked (bad kind, bad backend, existing non-empty folder)."""
+
+
+def write_tokenizer(out: pathlib.Path, processor_class: str | None = None) -> None:
+    """Train a byte-level BPE on a tiny corpus; write it as a tokenizers-backed transformers tokenizer.
+
+    The files are written directly rather than through transformers' ``save_pretrained``: importing
+    the processor classes pulls in torch and takes seconds, and building a folder must stay fast.
+    A unit test loads every kind through ``AutoProcessor`` and checks the classes it gets.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    raw = Tokenizer(models.BPE(unk_token=None))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        # The full byte alphabet makes every input encodable, as with real byte-level BPEs.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(list(_CORPUS) * 4, trainer)
+    raw.save(str(out / "tokenizer.json"))
+    config: dict[str, Any] = {
+        "backend": "tokenizers",
+        "tokenizer_class": "TokenizersBackend",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "extra_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "model_max_length": 32768,
+    }
+    if processor_class is not None:
+        config["processor_class"] = processor_class
+    _write_json(out / "tokenizer_config.json", config)
+
+
+def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _image_processor_type(family: str, backend: str) -> str:
+    # transformers v5 names the PIL backend classes with a ``Pil`` suffix; the plain name is the
+    # torchvision ("fast") class.
+    return family if backend == "torchvision" else f"{family}Pil"
+
+
+# Sub-processor configs name only their class: every other value is the class's own default, so
+# the per-image cost is that of the real processor.
+def _qwen2_vl_config(backend: str) -> dict[str, Any]:
+    return {
+        "processor_class": "Qwen2VLProcessor",
+        "image_processor": {"image_processor_type": _image_processor_type("Qwen2VLImageProcessor", backend)},
+        "video_processor": {"video_processor_type": "Qwen2VLVideoProcessor"},
+    }
+
+
+def _llava_config(backend: str, processor_class: str = "LlavaProcessor") -> dict[str, Any]:
+    return {
+        "processor_class": processor_class,
+        "image_processor": {"image_processor_type": _image_processor_type("CLIPImageProcessor", backend)},
+        "image_token": LLAVA_IMAGE_TOKEN,
+        "patch_size": 14,
+        "num_additional_image_tokens": 0,
+        "vision_feature_select_strategy": "default",
+    }
+
+
+def _whisper_config() -> dict[str, Any]:
+    return {
+        "processor_class": "WhisperProcessor",
+        "feature_extractor": {"feature_extractor_type": "WhisperFeatureExtractor"},
+    }
+
+
+def make_model(
+    kind: Kind | str,
+    out: pathlib.Path | str,
+    *,
+    backend: str = "torchvision",
+    declared_workers: int | None = None,
+) -> pathlib.Path:
+    """Write a processor folder of ``kind`` into ``out`` (created; must be empty if it exists)."""
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise ModelBuildError(
+            f"unknown model kind {kind!r}; choose one of {', '.join(k.value for k in Kind)}"
+        ) from None
+    if backend not in ("torchvision", "pil"):
+        raise ModelBuildError(f"backend must be 'torchvision' or 'pil', got {backend!r}")
+    out = pathlib.Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelBuildError(f"{out} exists and is not an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+
+    processor_config: dict[str, Any] | None
+    if kind is Kind.QWEN2_VL:
+        processor_config = _qwen2_vl_config(backend)
+    elif kind is Kind.LLAVA:
+        processor_config = _llava_config(backend)
+    elif kind is Kind.WHISPER:
+        processor_config = _whisper_config()
+    elif kind is Kind.TOKENIZER:
+        processor_config = None
+    else:
+        processor_config = _llava_config(backend, UNCLONEABLE_CLASS)
+        processor_config["auto_map"] = {"AutoProcessor": f"{UNCLONEABLE_MODULE}.{UNCLONEABLE_CLASS}"}
+        (out / f"{UNCLONEABLE_MODULE}.py").write_text(_UNCLONEABLE_SOURCE)
+    write_tokenizer(out, processor_config["processor_class"] if processor_config else None)
+    if processor_config is not None:
+        _write_json(out / "processor_config.json", processor_config)
+
+    if declared_workers is not None:
+        declared.write_sidecar(out, declared_workers)
+    return out

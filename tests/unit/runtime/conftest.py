@@ -1,0 +1,93 @@
+"""Shared fixtures of the runtime unit tests: real processor folders, images, audio.
+
+Every folder is built once per session with ``mmprep_runtime.testing_models`` (real transformers
+classes, a tokenizer trained with ``tokenizers``) and loaded the way a server loads a hub model.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+from typing import Callable
+
+import pytest
+
+from mmprep_runtime import testing_models
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    # Two shared cores: tests measure behaviour, not speed; intra-op threads would only contend.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., pathlib.Path]:
+    cache: dict[tuple[str, str, int | None], pathlib.Path] = {}
+
+    def make(kind: str, *, backend: str = "torchvision", declared_workers: int | None = None) -> pathlib.Path:
+        key = (kind, backend, declared_workers)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"model-{kind}-{backend}")
+            cache[key] = testing_models.make_model(kind, out, backend=backend, declared_workers=declared_workers)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
+    return model_factory("qwen2-vl")
+
+
+@pytest.fixture(scope="session")
+def llava_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
+    return model_factory("llava")
+
+
+@pytest.fixture(scope="session")
+def whisper_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
+    return model_factory("whisper")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
+    return model_factory("tokenizer")
+
+
+@pytest.fixture(scope="session")
+def uncloneable_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
+    return model_factory("uncloneable")
+
+
+def jpeg_bytes(width: int = 64, height: int = 48, color: tuple[int, int, int] = (200, 30, 60)) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def png_bytes(width: int = 64, height: int = 48) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 120, 60)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def wav_bytes(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    import wave
+
+    import numpy as np
+
+    samples = (np.sin(np.linspace(0, 440 * 2 * np.pi * seconds, int(rate * seconds))) * 8000).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(samples.tobytes())
+    return buffer.getvalue()
