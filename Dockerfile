@@ -1,0 +1,101 @@
+# mmprep images from one file:
+#   docker build --target operator -t mmprep-operator .   # kopf operator, no torch
+#   docker build --target runtime  -t mmprep-runtime  .   # preprocessing server: torch, transformers
+#
+# Needs BuildKit (RUN --mount). No `# syntax=` line on purpose: that would pull a frontend image,
+# and air-gapped machines have no registry; the built-in frontend of Docker >= 20.10 suffices.
+#
+# BASE_IMAGE: any Debian-like image with python3 (>= 3.11) and the venv module. The default is
+# the official image; hack/docker/build-base.sh builds a registry-free one with debootstrap.
+# Nothing below is architecture-specific, so the same file builds arm64 images (GB200/GB300).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS base
+# Read-only root filesystem: bytecode is compiled at install time, every cache points under /tmp
+# (an emptyDir/tmpfs in the pod), and HOME is /tmp for libraries that insist on ~/.cache.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    HF_HOME=/tmp/.cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/.cache/torchinductor \
+    TRITON_CACHE_DIR=/tmp/.cache/triton \
+    MPLCONFIGDIR=/tmp/.cache/matplotlib
+# A named user (not just a number): some libraries look the user up in /etc/passwd.
+RUN groupadd --system --gid 10001 mmprep \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+      --shell /usr/sbin/nologin mmprep
+
+# pip lives only here, in a venv of its own; final stages borrow it through a bind mount and
+# install into /opt/venv with `pip --python`, so no installer or build tool ships in an image.
+FROM base AS tools
+RUN python3 -m venv /opt/tools
+
+# The mmprep wheel. Only the package sources are mounted, so editing tests or charts does not
+# rebuild it, and a source edit rebuilds only this small stage and the last layer of each image.
+FROM tools AS wheel
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+    --mount=type=bind,source=README.md,target=/src/README.md \
+    --mount=type=bind,source=runtime,target=/src/runtime \
+    --mount=type=bind,source=operator,target=/src/operator \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
+    --mount=type=secret,id=pip-cert \
+    --mount=type=cache,target=/root/.cache/pip \
+    cp -r /src /build \
+ && mmprep-pip wheel --no-deps --wheel-dir /dist /build
+
+# Dependencies, one stage per image. They depend on pyproject.toml alone (not on the sources),
+# so the large torch layer is reused across source edits.
+FROM tools AS operator-deps
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+    --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
+    --mount=type=secret,id=pip-cert \
+    --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv --without-pip /opt/venv \
+ && python3 /src/requirements.py /src/pyproject.toml --extra operator > /tmp/requirements.txt \
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt
+
+FROM tools AS runtime-deps
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+    --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
+    --mount=type=secret,id=pip-cert \
+    --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv --without-pip /opt/venv \
+ && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /tmp/requirements.txt \
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt
+
+# ---- operator: kopf + kubernetes client, no torch --------------------------------------------
+FROM base AS operator
+COPY --from=operator-deps /opt/venv /opt/venv
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
+      install --no-deps --no-index /dist/*.whl
+USER 10001:10001
+ENTRYPOINT ["mmprep-operator"]
+CMD ["run"]
+
+# ---- runtime: the preprocessing server -------------------------------------------------------
+FROM base AS runtime
+COPY --from=runtime-deps /opt/venv /opt/venv
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
+      install --no-deps --no-index /dist/*.whl
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["mmprep-runtime"]
+CMD ["serve", "--help"]

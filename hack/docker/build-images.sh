@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds both mmprep images on this machine: mmprep/operator:$IMAGE_TAG and mmprep/runtime:$IMAGE_TAG.
+#
+#   hack/docker/build-images.sh [operator|runtime ...]       default: both
+#
+# Environment:
+#   BASE_IMAGE        base for both images; default `local`: the debootstrap image from
+#                     build-base.sh (no registry needed). Online: BASE_IMAGE=python:3.11-slim-bookworm
+#   MMPREP_WHEELHOUSE 1 (default): fill ./wheelhouse from the host (wheelhouse.sh) and build
+#                     offline; 0: leave ./wheelhouse as it is (empty -> pip uses PyPI in the build)
+#   PIP_CERT_FILE     CA bundle handed to an online build as the `pip-cert` secret
+#                     (default /etc/ssl/certs/ca-certificates.crt when it exists)
+#   IMAGE_REPO, IMAGE_TAG  image names: $IMAGE_REPO/<target>:$IMAGE_TAG (default mmprep/...:dev)
+#
+# Rebuilds are cached by BuildKit: dependencies change only with pyproject.toml, so a source edit
+# costs one small wheel stage and one small layer per image.
+set -euo pipefail
+here=$(dirname "$0")
+. "$here/lib.sh"
+repo=$(cd "$here/../.." && pwd)
+targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(operator runtime)
+
+"$here/start-dockerd.sh"
+docker_cli
+base=${BASE_IMAGE:-local}
+if [ "$base" = local ]; then "$here/build-base.sh"; base=$LOCAL_BASE_IMAGE; fi
+if [ "${MMPREP_WHEELHOUSE:-1}" = 1 ]; then "$here/wheelhouse.sh" "${targets[@]}"; fi
+
+secret=()
+cert=${PIP_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+if [ -s "$cert" ]; then secret=(--secret "id=pip-cert,src=$cert"); fi
+
+for t in "${targets[@]}"; do
+  case "$t" in operator|runtime) ;; *) die "unknown target '$t' (operator or runtime)";; esac
+  image="$IMAGE_REPO/$t:$IMAGE_TAG"
+  log "building $image from $base"
+  start=$(date +%s)
+  "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" \
+    "${secret[@]}" --tag "$image" "$repo" >"$DOCKER_CACHE/build-$t.log" 2>&1 \
+    || { tail -40 "$DOCKER_CACHE/build-$t.log" >&2; die "building $image failed (log: $DOCKER_CACHE/build-$t.log)"; }
+  size=$(docker image inspect --format '{{.Size}}' "$image")
+  log "built $image in $(( $(date +%s) - start )) s, $(( size / 1000000 )) MB"
+done
