@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Stops the local control plane started by hack/cluster-up.sh and removes its state (etcd data,
+# certificates, kubeconfig, logs). Safe to run when nothing is up.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+stop() {  # component [grace-seconds]: SIGTERM, then SIGKILL when it outlives the grace period
+  local f="$CLUSTER_DIR/run/$1.pid" pid grace=${2:-5}
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if pid_alive "$1"; then
+    log "stopping $1 (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq $((grace * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+# Reverse start order: clients first, so nothing logs errors about a vanished apiserver or etcd.
+# The agent first, with time to stop the processes of the pods it runs.
+stop agent 20
+for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop "${COMPONENTS[$i]}"; done
+if [ -d "$CLUSTER_DIR" ]; then
+  rm -rf "$CLUSTER_DIR"
+  log "removed $CLUSTER_DIR"
+fi
+log "down"

@@ -1,0 +1,116 @@
+"""Fixtures shared by the test tiers.
+
+Cluster section: the real local control plane (hack/cluster-up.sh: etcd, kube-apiserver,
+controller-manager, scheduler, KWOK nodes from hack/nodes.yaml, and the test agent that runs pods
+as local processes), the CRD, the operator as a real subprocess, throwaway namespaces and model
+folders. Nothing here is mocked. The cluster is started when absent and stopped at the end of the
+session only when this session started it (``MMPREP_KEEP_CLUSTER=1`` keeps it for the next run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from support.kube import HACK, REPO, Cluster, Kube, wait_for
+from support.operator_process import OperatorProcess
+
+# ---------------------------------------------------------------------------------------- cluster
+
+
+def _script(name: str, *, timeout: float) -> str:
+    """Runs a hack/ script; its progress (stderr) goes to the terminal, its answer is stdout."""
+    done = subprocess.run([str(HACK / name)], stdout=subprocess.PIPE, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"hack/{name} failed with exit code {done.returncode}; see its output above", pytrace=False)
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The local control plane, started when absent (the binaries must be built: `make test` does)."""
+    if os.environ.get("MMPREP_SKIP_CLUSTER") == "1":
+        pytest.skip("MMPREP_SKIP_CLUSTER=1: tests that need the local control plane are switched off")
+    was_up = subprocess.run([str(HACK / "cluster-status.sh")], capture_output=True, check=False).returncode == 0
+    kubeconfig = Path(_script("cluster-up.sh", timeout=3600))
+    bin_dir = Path(_script("build-control-plane.sh", timeout=3600))
+    yield Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
+    if not was_up and os.environ.get("MMPREP_KEEP_CLUSTER") != "1":
+        subprocess.run([str(HACK / "cluster-down.sh")], check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Iterator[Kube]:
+    api = cluster.api_client()
+    yield Kube(api)
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster, kube: Kube) -> str:
+    """The committed CRD (what users apply), installed and Established."""
+    files = sorted((REPO / "crds").glob("*.yaml"))
+    assert files, "no CRD under crds/ (generate it with `mmprep-operator crd`)"
+    for f in files:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+    name = "multimodalpreprocessors.mmprep.dev"
+
+    def established() -> bool:
+        obj = kube.ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in obj.status.conditions or [])
+
+    wait_for(established, 30, what=f"CRD {name} Established")
+    return name
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """`mmprep-operator run` as a real subprocess with the admin kubeconfig, all namespaces."""
+    proc = OperatorProcess(cluster, log_dir=tmp_path_factory.mktemp("operator"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted afterwards (children go with it)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
+    # Pods are refused until the namespace's default ServiceAccount exists.
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), 30, what=f"ServiceAccount {name}/default")
+    yield name
+    with contextlib.suppress(ApiException):
+        kube.core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Builds a real processor folder with `mmprep-runtime make-model` (no hub), once per kind."""
+    cache: dict[tuple[str, str, int | None], Path] = {}
+    cli = Path(sys.executable).parent / "mmprep-runtime"
+
+    def make(kind: str, *, backend: str = "torchvision", declared_workers: int | None = None) -> Path:
+        key = (kind, backend, declared_workers)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"model-{kind}-{backend}-{declared_workers or 0}") / "model"
+            args = [str(cli), "make-model", "--kind", kind, "--out", str(out), "--backend", backend]
+            if declared_workers is not None:
+                args += ["--declared-workers", str(declared_workers)]
+            done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == 0, f"make-model {kind} failed: {done.stderr}"
+            cache[key] = Path(done.stdout.strip().splitlines()[-1])
+        return cache[key]
+
+    return make
