@@ -14,7 +14,7 @@ PKI="$CLUSTER_DIR/pki"
 mkdir -p "$CLUSTER_DIR"/{pki,run,logs,etcd,kubeconfig}
 chmod 700 "$CLUSTER_DIR"
 
-if all_up; then
+if all_up && ! agent_stale; then
   log "already up (apiserver https://127.0.0.1:$APISERVER_PORT)"
   echo "$KUBECONFIG_ADMIN"
   exit 0
@@ -167,7 +167,7 @@ AGENT_PY="$REPO_DIR/tests/support/agent.py"
 PYTHON=${MMPREP_PYTHON:-$REPO_DIR/.venv/bin/python}
 if [ "${MMPREP_AGENT:-1}" = 1 ]; then
   [ -x "$PYTHON" ] || die "no Python at $PYTHON for the test agent (run 'make venv' or set MMPREP_PYTHON)"
-  if pid_alive agent && [ "$AGENT_PY" -nt "$CLUSTER_DIR/run/agent.pid" ]; then
+  if pid_alive agent && agent_stale; then
     log "agent code changed; restarting the agent"
     kill "$(cat "$CLUSTER_DIR/run/agent.pid")"
     agent_gone() { ! pid_alive agent; }

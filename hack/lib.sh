@@ -34,10 +34,12 @@ apiserver_ready() {
     "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null 2>&1
 }
 
-all_up() {  # every component runs (the agent with its current code) and the apiserver is ready
+all_up() {  # every component (and the agent) runs and the apiserver is ready
   for c in "${COMPONENTS[@]}"; do pid_alive "$c" || return 1; done
-  if [ "${MMPREP_AGENT:-1}" = 1 ]; then
-    pid_alive agent && [ ! "$REPO_DIR/tests/support/agent.py" -nt "$CLUSTER_DIR/run/agent.pid" ] || return 1
-  fi
+  if [ "${MMPREP_AGENT:-1}" = 1 ]; then pid_alive agent || return 1; fi
   apiserver_ready
+}
+
+agent_stale() {  # the running agent started before its code last changed
+  [ "${MMPREP_AGENT:-1}" = 1 ] && [ "$REPO_DIR/tests/support/agent.py" -nt "$CLUSTER_DIR/run/agent.pid" ]
 }

@@ -70,6 +70,13 @@ def crd(cluster: Cluster, kube: Kube) -> str:
         return any(c.type == "Established" and c.status == "True" for c in obj.status.conditions or [])
 
     wait_for(established, 30, what=f"CRD {name} Established")
+    # `kubectl api-resources` re-reads discovery (and refreshes kubectl's cache), so later
+    # `kubectl get mmp` or `kubectl explain mmp` calls know the new type.
+    wait_for(
+        lambda: "multimodalpreprocessors" in cluster.kubectl("api-resources", "--api-group=mmprep.dev", "-o", "name").stdout,
+        30,
+        what="the CRD in API discovery",
+    )
     return name
 
 

@@ -14,7 +14,8 @@ What it does, and what it deliberately does not:
   annotates the pod with the mapping (``agent.mmprep.dev/ports``: ``{"8080": 41234}``);
 - points ``terminationMessagePath`` (and any argument or env value equal to it) at a temp file
   and reports its content as the termination message, like the kubelet does;
-- maps hostPath volume mount paths onto the host paths and emptyDir mounts onto temp folders;
+- maps hostPath volume mount paths onto the host paths and emptyDir mounts onto temp folders
+  (in arguments and env values), except a mount over ``/tmp``, which only sets TMPDIR;
 - reports real status through ``pods/status``: Running, Ready from the readiness probe
   (httpGet/tcpSocket/exec), Succeeded/Failed with exit code and message; restarts containers per
   ``restartPolicy``;
@@ -192,15 +193,20 @@ class PodRunner:
         argv = [expand(a, env) for a in command + list(c.get("args") or [])]
         message_file = c.get("terminationMessagePath") or "/dev/termination-log"
         message_path = self.dir / f"{c['name']}.termination-log"
-        # Mount paths map onto local folders; longest first so nested mounts win.
+        # Mount paths map onto local folders; longest first so nested mounts win. A mount over
+        # /tmp only becomes TMPDIR: rewriting every /tmp path would hide the test's own folders.
+        mounted = [m for m in c.get("volumeMounts") or [] if m["name"] in volumes]
         prefixes = sorted(
             (
                 (m["mountPath"].rstrip("/"), os.path.join(volumes[m["name"]], m.get("subPath") or "").rstrip("/"))
-                for m in c.get("volumeMounts") or []
-                if m["name"] in volumes
+                for m in mounted
+                if m["mountPath"].rstrip("/") != "/tmp"
             ),
             key=lambda pair: -len(pair[0]),
         )
+        for m in mounted:
+            if m["mountPath"].rstrip("/") == "/tmp":
+                env["TMPDIR"] = volumes[m["name"]]
 
         def local(value: str) -> str:
             if value == message_file:

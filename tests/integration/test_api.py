@@ -1,0 +1,69 @@
+"""The CRD installs on a real API server, and the server itself rejects invalid resources."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.kube import Cluster, Kube
+
+
+def test_the_crd_is_established_with_its_short_name_and_printer_columns(crd: str, cluster: Cluster, kube: Kube) -> None:
+    obj = kube.ext.read_custom_resource_definition(crd)
+    assert obj.spec.names.kind == "MultimodalPreprocessor"
+    assert "mmp" in obj.spec.names.short_names
+    version = next(v for v in obj.spec.versions if v.name == "v1alpha1")
+    assert version.subresources.status is not None and version.subresources.scale is not None
+    columns = {c.name.lower() for c in version.additional_printer_columns or []}
+    assert {"workers", "ready", "age"} <= columns and any(c.startswith("path") for c in columns), columns
+    # kubectl explain reads the published schema: the descriptions teach the API.
+    explained = cluster.kubectl("explain", "mmp.spec.workers.processor").stdout
+    assert "deep copy" in explained.lower() or "worker" in explained.lower(), explained
+
+
+def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
+    body = {"apiVersion": "mmprep.dev/v1alpha1", "kind": "MultimodalPreprocessor", "metadata": {"name": "bad"}, "spec": spec}
+    done = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        pytest.param({"model": {"path": "/m", "id": "org/m"}}, "set exactly one of model.path and model.id", id="two-model-sources"),
+        pytest.param({"model": {}}, "set exactly one of model.path and model.id", id="no-model-source"),
+        pytest.param({"backend": "pil"}, "spec.model: Required value", id="model-missing"),
+        pytest.param(
+            {"model": {"path": "/m"}, "device": "cuda"}, "device: cuda needs a GPU resource", id="cuda-without-gpu-resource"
+        ),
+        pytest.param(
+            {"model": {"path": "/m"}, "workers": {"processor": 0}}, "should be greater than or equal to 1", id="zero-workers"
+        ),
+        pytest.param(
+            {"model": {"path": "/m"}, "workers": {"processor": 65}}, "should be less than or equal to 64", id="too-many-workers"
+        ),
+        pytest.param({"model": {"path": "/m"}, "backend": "opencv"}, 'supported values: "auto", "pil", "torchvision"', id="bad-backend"),
+        pytest.param(
+            {"model": {"path": "/m"}, "workers": {"overrides": [{"processor": 2}]}},
+            "an override names exactly one of gpuProduct and gpuFamily",
+            id="override-without-target",
+        ),
+    ],
+)
+def test_the_api_server_rejects_an_invalid_resource_with_its_message(
+    crd: str, cluster: Cluster, kube: Kube, namespace: str, spec: dict, message: str
+) -> None:
+    code, stderr = _apply(cluster, namespace, spec)
+    assert code != 0, "the API server accepted an invalid resource"
+    assert message in stderr, stderr
+    assert not kube.mmp_exists(namespace, "bad")
+
+
+def test_a_valid_resource_is_accepted_and_defaulted(crd: str, cluster: Cluster, kube: Kube, namespace: str) -> None:
+    code, stderr = _apply(cluster, namespace, {"model": {"path": "/models/qwen"}})
+    assert code == 0, stderr
+    spec = kube.get_mmp(namespace, "bad")["spec"]
+    # Defaults come from the schema, applied by the API server.
+    assert spec["backend"] == "auto" and spec["device"] == "auto" and spec["replicas"] == 1
+    assert spec["model"]["trustRemoteCode"] is False
