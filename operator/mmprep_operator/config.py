@@ -1,0 +1,68 @@
+"""Operator-wide policy: the runtime image, per-GPU worker overrides, probe defaults.
+
+Read once at start from ``--policy-file`` (YAML); typos are errors, not silently ignored keys.
+An admin encodes measurements here, e.g. "Blackwell, GPU path: 1 worker" or "H200, CPU path: 4".
+A resource's own ``spec.workers.overrides`` win over these.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mmprep_operator import __version__
+from mmprep_operator.api import Quantity, WorkerOverride
+
+DEFAULT_RUNTIME_IMAGE = f"mmprep-runtime:{__version__}"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=None)
+
+
+class ProbeDefaults(_Strict):
+    """Defaults for the probe Job; the resource's spec.probe wins where it says something."""
+
+    timeout_seconds: int = Field(300, alias="timeoutSeconds", ge=10, le=86400)
+    # One retry: a model that fails to load twice will not load on the third try either, and a
+    # fast Failed state is what tells the user.
+    backoff_limit: int = Field(1, alias="backoffLimit", ge=0, le=6)
+    # The result is also kept in each resource's status, so the Job only needs to outlive reading it.
+    ttl_seconds_after_finished: int = Field(3600, alias="ttlSecondsAfterFinished", ge=0)
+    resources: dict[str, dict[str, Quantity]] = Field(
+        default_factory=lambda: {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}}
+    )
+
+
+class OperatorPolicy(_Strict):
+    default_image: str = Field(DEFAULT_RUNTIME_IMAGE, alias="defaultImage", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
+    overrides: list[WorkerOverride] = Field(default_factory=list)
+    probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
+    # A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).
+    resync_seconds: float = Field(300.0, alias="resyncSeconds", gt=0)
+
+
+class PolicyError(ValueError):
+    """The policy file cannot be used; the message says where and why."""
+
+
+def load_policy(path: str | pathlib.Path | None) -> OperatorPolicy:
+    if path is None:
+        return OperatorPolicy()
+    file = pathlib.Path(path)
+    try:
+        raw: Any = yaml.safe_load(file.read_text()) or {}
+    except OSError as e:
+        raise PolicyError(f"cannot read policy file {file}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise PolicyError(f"policy file {file} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise PolicyError(f"policy file {file} must be a mapping, got {type(raw).__name__}")
+    try:
+        return OperatorPolicy.model_validate(raw)
+    except ValidationError as e:
+        raise PolicyError(f"policy file {file} is invalid:\n{e}") from e

@@ -1,0 +1,180 @@
+"""Turn watch events into queued reconciles, and run the workers that process them.
+
+The kopf handlers (``handlers``) call into one ``Controller`` kept in kopf's memo. Each event
+only decides *which* resources to look at again, and only when something that matters changed:
+
+- a resource: its generation or its reprobe annotation changed (its own status writes are not);
+- a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
+  re-queues every resource, because eligibility is per resource and cheap to recompute;
+- a child Deployment: its replica counts changed or it was deleted, which re-queues its owner;
+- a probe Job: its state changed, which re-queues the resources of its namespace.
+
+A periodic resync is the safety net under all of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from mmprep_operator import api, probe
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.nodes import NodeFacts, node_facts
+from mmprep_operator.reconcile import Outcome, Reconciler
+from mmprep_operator.workqueue import Backoff, WorkQueue
+
+log = logging.getLogger("mmprep.operator.controller")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclasses.dataclass
+class Controller:
+    metrics: Metrics
+    resync_seconds: float = 300.0
+    workers: int = 2
+    queue: WorkQueue[Key] = dataclasses.field(default_factory=WorkQueue)
+    backoff: Backoff[Key] = dataclasses.field(default_factory=Backoff)
+    reconciler: Reconciler | None = None
+    # Last seen facts, to tell changes that matter from heartbeats.
+    _resources: dict[Key, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    _nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
+    _children: dict[tuple[str, str, str], tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+    # ------------------------------------------------------------------------------- events
+
+    def resource_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self._resources.pop(key, None)
+            self.queue.forget(key)
+            self.backoff.reset(key)
+            self.metrics.set_conditions(key, None)
+            return
+        fingerprint = (meta.get("generation"), (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE), meta.get("uid"))
+        if self._resources.get(key) != fingerprint:
+            self._resources[key] = fingerprint
+            self.queue.add(key)
+
+    def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        facts = node_facts(body)
+        if event_type == "DELETED":
+            changed = self._nodes.pop(facts.name, None) is not None
+        else:
+            changed = self._nodes.get(facts.name) != facts
+            self._nodes[facts.name] = facts
+        if changed:
+            self.requeue_all()
+
+    def child_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        ident = (kind, namespace, meta.get("name", ""))
+        st = body.get("status") or {}
+        if event_type == "DELETED":
+            self._children.pop(ident, None)
+            fingerprint: tuple[Any, ...] | None = None
+        else:
+            fingerprint = (
+                (body.get("spec") or {}).get("replicas"),
+                st.get("replicas"),
+                st.get("readyReplicas"),
+                st.get("updatedReplicas"),
+                st.get("active"),
+                st.get("succeeded"),
+                st.get("failed"),
+                tuple(sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or ())),
+            )
+            if self._children.get(ident) == fingerprint:
+                return
+            self._children[ident] = fingerprint
+        if kind == "Job":
+            for key in self._resources:
+                if key[0] == namespace:
+                    self.queue.add(key)
+            return
+        for ref in meta.get("ownerReferences") or ():
+            if ref.get("kind") == api.KIND and ref.get("apiVersion", "").startswith(api.GROUP + "/"):
+                self.queue.add((namespace, ref.get("name", "")))
+
+    def requeue_all(self) -> None:
+        for key in list(self._resources):
+            self.queue.add(key)
+
+    # ------------------------------------------------------------------------------ workers
+
+    def start(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self._tasks = [asyncio.create_task(self._work(), name=f"mmprep-worker-{i}") for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._resync(), name="mmprep-resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.queue.close()
+
+    def healthy(self) -> bool:
+        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+
+    async def _work(self) -> None:
+        assert self.reconciler is not None
+        while True:
+            key = await self.queue.get()
+            self.metrics.queue_depth.set(len(self.queue))
+            started = time.monotonic()
+            try:
+                outcome = await self.reconciler.reconcile(*key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - one resource's failure must not stop the worker
+                delay = self.backoff.next(key)
+                log.warning(
+                    "reconcile failed; retrying later",
+                    extra={"namespace": key[0], "resource": key[1], "error": repr(e), "retry_in": delay},
+                    exc_info=not isinstance(e, OSError),
+                )
+                self.metrics.reconciles.labels("error").inc()
+                self.queue.add_after(key, delay)
+            else:
+                self._settle(key, outcome)
+            finally:
+                self.metrics.duration.observe(time.monotonic() - started)
+                self.queue.done(key)
+
+    def _settle(self, key: Key, outcome: Outcome) -> None:
+        self.metrics.reconciles.labels(outcome.kind).inc()
+        log.info("reconciled", extra={"namespace": key[0], "resource": key[1], "outcome": outcome.kind})
+        if outcome.kind == "gone":
+            self._resources.pop(key, None)
+            self.backoff.reset(key)
+            return
+        if outcome.kind == "error":
+            self.queue.add_after(key, self.backoff.next(key))
+            return
+        self.backoff.reset(key)
+        if outcome.requeue_after is not None:
+            self.queue.add_after(key, outcome.requeue_after)
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            self.requeue_all()
+
+
+def nodes_from_index(index: Any) -> Callable[[], Iterable[NodeFacts]]:
+    """Read all NodeFacts from the kopf index (node name -> store of one NodeFacts)."""
+
+    def read() -> list[NodeFacts]:
+        return [facts for store in index.values() for facts in store]
+
+    return read

@@ -1,0 +1,93 @@
+"""The kopf handlers: thin adapters from watch events to the ``Controller`` in kopf's memo.
+
+Only indexes and ``on.event`` handlers are used, on purpose: they need no finalizers and write
+no annotations, so the operator never blocks deletion of a resource (or of a namespace) when it
+is not running, and never touches the Deployments it creates except through its own applies.
+
+Handlers are registered on a registry built per run (not at import), so tests and the CLI can
+build as many operators as they like.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from mmprep_operator import api, render
+from mmprep_operator.controller import Controller, nodes_from_index
+from mmprep_operator.kube import bearer_token, load_configuration
+from mmprep_operator.nodes import node_facts
+from mmprep_operator.probe import LABEL_COMPONENT_PROBE
+from mmprep_operator.state import OperatorState
+
+_CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
+NODE_INDEX = "mmprep_nodes"
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        # The same credentials as the reconciler's client, honouring --kubeconfig/--context.
+        state: OperatorState = memo["state"]
+        c = load_configuration(state.kubeconfig, state.context)
+        return kopf.ConnectionInfo(
+            server=c.host,
+            ca_path=c.ssl_ca_cert,
+            insecure=not c.verify_ssl,
+            certificate_path=c.cert_file,
+            private_key_path=c.key_file,
+            scheme="Bearer" if bearer_token(c) else None,
+            token=bearer_token(c),
+        )
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
+        state: OperatorState = memo["state"]
+        # kopf would post an Event for every handler log line; the reconciler posts its own.
+        settings.posting.level = logging.WARNING
+        # Re-establish watches regularly: a watch that silently stalls must not leave the
+        # operator deaf (kopf #1145/#1276).
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.inactivity_timeout = 600
+        await state.start(nodes_from_index(kwargs[NODE_INDEX]))
+        logger.info("mmprep operator started")
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        await memo["state"].stop()
+
+    @kopf.on.probe(id="workers", registry=registry)
+    def workers_alive(memo: kopf.Memo, **_: Any) -> str:
+        controller: Controller = memo["state"].controller
+        if not controller.healthy():
+            raise kopf.PermanentError("reconcile workers are not running")
+        return "ok"
+
+    @kopf.index("", "v1", "nodes", id=NODE_INDEX, registry=registry)
+    def index_node(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return {name: node_facts(body)}
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.node_event(type, body)
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
+    def resource_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.resource_event(type, body)
+
+    @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS, registry=registry)
+    def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("Deployment", type, body)
+
+    @kopf.on.event(
+        "batch", "v1", "jobs", labels={**_CHILD_LABELS, render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE}, registry=registry
+    )
+    def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("Job", type, body)
+
+    return registry

@@ -1,0 +1,252 @@
+"""The one seam that talks to the Kubernetes API.
+
+``KubeApi`` is the protocol the reconciler uses; ``RestKubeApi`` implements it over aiohttp with
+plain JSON dicts (no generated model classes: every object here is rendered as a dict anyway).
+Unit tests substitute an in-memory fake. Credentials come from the kubernetes client's config
+loaders (KUBECONFIG or in-cluster), which also refresh expiring tokens.
+
+Conflicts: server-side apply with ``force`` takes ownership of the fields it sets, so applies do
+not conflict; creating an object that exists returns the existing one; optimistic-concurrency
+patches (adding an owner to a shared probe Job) surface ``Conflict`` for the caller to retry.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+from urllib.parse import quote
+
+import aiohttp
+
+from mmprep_operator import api
+
+FIELD_MANAGER: Final = "mmprep-operator"
+_TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
+
+# Kinds the operator writes -> (API prefix, plural).
+_PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
+    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("v1", "Event"): ("/api/v1", "events"),
+    (api.API_VERSION, api.KIND): (f"/apis/{api.API_VERSION}", api.PLURAL),
+}
+
+
+class ApiError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def permanent(self) -> bool:
+        """The request itself is wrong (invalid object, forbidden): retrying unchanged will not help."""
+        return self.status in (400, 403, 404, 405, 415, 422)
+
+
+class Conflict(ApiError):
+    """409: the object changed (or exists) meanwhile."""
+
+
+class KubeApi(Protocol):
+    async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    async def delete_deployment(self, namespace: str, name: str) -> None: ...
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def set_job_owners(
+        self, namespace: str, name: str, owners: list[dict[str, Any]], resource_version: str
+    ) -> None: ...
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    async def post_event(self, event: Mapping[str, Any]) -> None: ...
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A kubernetes.client.Configuration: an explicit kubeconfig first, then in-cluster, then the
+    default kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import client, config  # imported here: only the running operator needs it
+
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    return configuration
+
+
+def bearer_token(configuration: Any) -> str | None:
+    """The token alone (configurations store "Bearer <token>"); refreshed when it expires."""
+    value = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    if not value:
+        return None
+    scheme, _, token = str(value).partition(" ")
+    return token if scheme.lower() == "bearer" and token else str(value)
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    try:
+        prefix, plural = _PATHS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"the operator does not write {kind} ({api_version})") from None
+    return f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+
+
+class RestKubeApi:
+    """KubeApi over aiohttp. Create with ``connect()`` inside the running event loop."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, auth: Any) -> None:
+        self._base = base_url.rstrip("/")
+        self._session = session
+        self._auth = auth  # a kubernetes.client.Configuration: refreshes tokens on each call
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> RestKubeApi:
+        configuration = load_configuration(kubeconfig, context)
+        ssl_context: ssl.SSLContext | bool
+        if configuration.verify_ssl:
+            ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        else:
+            ssl_context = False
+        if configuration.cert_file and isinstance(ssl_context, ssl.SSLContext):
+            ssl_context.load_cert_chain(configuration.cert_file, configuration.key_file)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context), timeout=_TIMEOUT)
+        return cls(configuration.host, session, configuration)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self._auth.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        params: Mapping[str, str] | None = None,
+        missing_ok: bool = False,
+    ) -> dict[str, Any] | None:
+        data = json.dumps(body) if body is not None else None
+        try:
+            async with self._session.request(
+                method, self._base + path, data=data, params=params, headers=self._headers(content_type if data else None)
+            ) as response:
+                text = await response.text()
+                if response.status == 404 and missing_ok:
+                    return None
+                if response.status >= 400:
+                    raise _error(response.status, text)
+                return json.loads(text) if text else {}
+        except aiohttp.ClientError as e:
+            raise ApiError(0, "Unreachable", str(e)) from e
+
+    # ------------------------------------------------------------------ MultimodalPreprocessor
+
+    def _resource_path(self, namespace: str, name: str) -> str:
+        return f"{collection_path(api.API_VERSION, api.KIND, namespace)}/{quote(name)}"
+
+    async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._call("GET", self._resource_path(namespace, name), missing_ok=True)
+
+    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        # JSON Patch "add" on /status replaces the whole status (a merge patch could not remove
+        # fields), and needs no resourceVersion: the status is ours alone.
+        await self._call(
+            "PATCH",
+            self._resource_path(namespace, name) + "/status",
+            body=[{"op": "add", "path": "/status", "value": status}],
+            content_type="application/json-patch+json",
+        )
+
+    # ------------------------------------------------------------------------------ children
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{quote(meta['name'])}"
+        result = await self._call(
+            "PATCH",
+            path,
+            body=obj,
+            content_type="application/apply-patch+yaml",  # JSON is YAML
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+        )
+        return result or {}
+
+    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        path = collection_path("apps/v1", "Deployment", namespace)
+        result = await self._call("GET", path, params={"labelSelector": selector})
+        return list((result or {}).get("items") or ())
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        path = f"{collection_path('apps/v1', 'Deployment', namespace)}/{quote(name)}"
+        await self._call("DELETE", path, body={"propagationPolicy": "Background"}, content_type="application/json", missing_ok=True)
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._call("GET", f"{collection_path('batch/v1', 'Job', namespace)}/{quote(name)}", missing_ok=True)
+
+    async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        meta = job["metadata"]
+        try:
+            return await self._call("POST", collection_path("batch/v1", "Job", meta["namespace"]), body=job, content_type="application/json") or {}
+        except Conflict:
+            # Another resource with the same probe hash created it first: share it.
+            existing = await self.get_job(meta["namespace"], meta["name"])
+            if existing is None:
+                raise
+            return existing
+
+    async def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]], resource_version: str) -> None:
+        await self._call(
+            "PATCH",
+            f"{collection_path('batch/v1', 'Job', namespace)}/{quote(name)}",
+            body={"metadata": {"ownerReferences": owners, "resourceVersion": resource_version}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", params={"labelSelector": selector})
+        return list((result or {}).get("items") or ())
+
+    async def post_event(self, event: Mapping[str, Any]) -> None:
+        meta = event["metadata"]
+        path = collection_path("v1", "Event", meta["namespace"])
+        try:
+            await self._call("POST", path, body=event, content_type="application/json")
+        except Conflict:
+            # The same event again: bump its count instead of creating a duplicate.
+            existing = await self._call("GET", f"{path}/{quote(meta['name'])}", missing_ok=True) or {}
+            await self._call(
+                "PATCH",
+                f"{path}/{quote(meta['name'])}",
+                body={"count": int(existing.get("count") or 1) + 1, "lastTimestamp": event.get("lastTimestamp")},
+                content_type="application/merge-patch+json",
+            )
+
+
+def _error(status: int, text: str) -> ApiError:
+    try:
+        payload = json.loads(text)
+        reason, message = str(payload.get("reason", "")), str(payload.get("message", text))
+    except (json.JSONDecodeError, AttributeError):
+        reason, message = "", text
+    cls = Conflict if status == 409 else ApiError
+    return cls(status, reason or "Error", message[:1000])

@@ -1,0 +1,52 @@
+"""Prometheus metrics of the operator, in a registry of their own (kept in the kopf memo)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+OUTCOMES: Final = ("done", "waiting", "invalid", "gone", "error")
+CONDITIONS: Final = ("Ready", "Probed", "Cloneable", "Degraded")
+STATUSES: Final = ("True", "False", "Unknown")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.reconciles = Counter(
+            "mmprep_operator_reconciles", "Reconciles of MultimodalPreprocessor resources, by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "mmprep_operator_reconcile_duration_seconds", "Time one reconcile took.", registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.resources = Gauge(
+            "mmprep_operator_resources", "MultimodalPreprocessor resources by condition and status.",
+            ["condition", "status"], registry=self.registry,
+        )
+        self.probe_jobs = Counter("mmprep_operator_probe_jobs_created", "Probe Jobs created.", registry=self.registry)
+        self.queue_depth = Gauge("mmprep_operator_queue_depth", "Resources waiting for a reconcile.", registry=self.registry)
+        for outcome in OUTCOMES:
+            self.reconciles.labels(outcome)  # export zeros, so rates exist before the first event
+        self._conditions: dict[tuple[str, str], dict[str, str]] = {}
+        self._publish()
+
+    def set_conditions(self, key: tuple[str, str], conditions: Mapping[str, str] | None) -> None:
+        """Record one resource's condition statuses (None: the resource is gone)."""
+        if conditions is None:
+            self._conditions.pop(key, None)
+        else:
+            self._conditions[key] = dict(conditions)
+        self._publish()
+
+    def _publish(self) -> None:
+        for condition in CONDITIONS:
+            for status in STATUSES:
+                count = sum(1 for c in self._conditions.values() if c.get(condition) == status)
+                self.resources.labels(condition, status).set(count)
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)

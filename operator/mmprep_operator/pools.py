@@ -1,0 +1,144 @@
+"""Group a resource's eligible nodes into pools: one pool per GPU product, or CPU-only nodes.
+
+A pool is the unit the decision is made for and the unit of one Deployment, so it carries the
+node constraints that pin that Deployment's pods to exactly its nodes:
+
+- product label present: one pool per exact ``nvidia.com/gpu.product`` value. MIG profiles and
+  ``-SHARED`` products are pools of their own: a time-sliced or partitioned GPU is different
+  hardware for preprocessing, and an exact-value nodeSelector is what the scheduler can match.
+- no product label, but family or compute-capability labels: one pool per (family, compute)
+  label values, with ``product DoesNotExist`` so it cannot take product-labelled nodes.
+- no GPU labels: the ``cpu`` pool (``DoesNotExist`` on every GPU label). A node that has GPU
+  capacity but no GPU labels at all joins the ``gpu-unlabeled`` pool when pods request a GPU
+  (they then only land on GPU nodes) and the ``cpu`` pool otherwise.
+
+Pools are sorted by name; names are slugs of the product, made unique with a hash on collision.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from mmprep_operator import gpus, naming
+from mmprep_operator.api import MultimodalPreprocessorSpec
+from mmprep_operator.nodes import NodeFacts, eligible
+
+CPU_POOL = "cpu"
+UNLABELED_GPU_POOL = "gpu-unlabeled"
+# Pool names become part of Deployment names (<resource>-<pool>); keep room for the resource.
+MAX_POOL_NAME = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    name: str
+    #: Identity used for grouping; stable across label sets with the same meaning.
+    key: tuple[str, ...]
+    gpu: gpus.GpuIdentity | None
+    has_gpu: bool
+    nodes: tuple[str, ...]
+    #: Equality constraints (rendered into the pod's nodeSelector).
+    node_selector: Mapping[str, str]
+    #: Further constraints (rendered into required node affinity), e.g. "no product label".
+    match_expressions: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+    pools: tuple[Pool, ...]
+    total_nodes: int
+    #: Why nodes were left out: reason -> count.
+    excluded: Mapping[str, int]
+
+    def explain_exclusions(self) -> str:
+        if not self.excluded:
+            return ""
+        parts = ", ".join(f"{count} {why}" for why, count in sorted(self.excluded.items()))
+        return f"excluded: {parts}"
+
+
+def _no_gpu_labels() -> tuple[Mapping[str, Any], ...]:
+    return tuple({"key": label, "operator": "DoesNotExist"} for label in gpus.GPU_LABELS)
+
+
+def _pool_shape(node: NodeFacts, gpu_requested: bool) -> tuple[tuple[str, ...], str, dict[str, str], tuple[Mapping[str, Any], ...]]:
+    """(key, readable name, nodeSelector, match expressions) for the pool a node belongs to."""
+    labels = node.label_map
+    identity = gpus.identify(labels)
+    if identity is not None and identity.product is not None:
+        return ("product", identity.product), identity.product, {gpus.PRODUCT_LABEL: identity.product}, ()
+    if identity is not None:
+        selector = {k: labels[k] for k in (gpus.FAMILY_LABEL, gpus.COMPUTE_MAJOR_LABEL, gpus.COMPUTE_MINOR_LABEL) if k in labels}
+        readable = "-".join([identity.family or "gpu", *(identity.compute or "").split(".")]).rstrip("-")
+        return (
+            ("labels", *(f"{k}={v}" for k, v in sorted(selector.items()))),
+            readable,
+            selector,
+            ({"key": gpus.PRODUCT_LABEL, "operator": "DoesNotExist"},),
+        )
+    if gpu_requested and node.has_gpu:
+        return ("unlabeled",), UNLABELED_GPU_POOL, {}, _no_gpu_labels()
+    return ("cpu",), CPU_POOL, {}, _no_gpu_labels()
+
+
+def _unique_names(shapes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+    """Slug each readable name; where slugs collide or are too long, add a hash of the key."""
+    slugs = {key: naming.slug(readable) or "pool" for key, readable in shapes.items()}
+    counts = collections.Counter(slugs.values())
+    out = {}
+    for key, name in slugs.items():
+        if counts[name] > 1 or len(name) > MAX_POOL_NAME:
+            suffix = naming.short_hash("/".join(key), 6)
+            name = f"{name[: MAX_POOL_NAME - len(suffix) - 1].rstrip('-')}-{suffix}"
+        out[key] = name
+    return out
+
+
+def group(nodes: Iterable[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooling:
+    """The eligible nodes of ``spec``, grouped into pools (pure)."""
+    gpu_resources = spec.resources.gpu_resources()
+    gpu_requested = bool(gpu_resources)
+    members: dict[tuple[str, ...], list[NodeFacts]] = collections.defaultdict(list)
+    shapes: dict[tuple[str, ...], tuple[str, dict[str, str], tuple[Mapping[str, Any], ...]]] = {}
+    excluded: collections.Counter[str] = collections.Counter()
+    total = 0
+    for node in nodes:
+        total += 1
+        why_not = eligible(
+            node,
+            node_selector=spec.node_selector,
+            tolerations=spec.tolerations,
+            affinity=spec.affinity,
+            gpu_resources=gpu_resources,
+        )
+        if why_not is not None:
+            excluded[why_not] += 1
+            continue
+        key, readable, selector, expressions = _pool_shape(node, gpu_requested)
+        members[key].append(node)
+        shapes[key] = (readable, selector, expressions)
+    names = _unique_names({k: v[0] for k, v in shapes.items()})
+    pools = []
+    for key, group_nodes in members.items():
+        _, selector, expressions = shapes[key]
+        identity = gpus.identify(group_nodes[0].label_map)
+        pools.append(
+            Pool(
+                name=names[key],
+                key=key,
+                gpu=identity,
+                has_gpu=key[0] != "cpu" and (identity is not None or any(n.has_gpu for n in group_nodes)),
+                nodes=tuple(sorted(n.name for n in group_nodes)),
+                node_selector=selector,
+                match_expressions=expressions,
+            )
+        )
+    return Pooling(tuple(sorted(pools, key=lambda p: p.name)), total, dict(excluded))
+
+
+def pool_weights(pools: Sequence[Pool]) -> dict[str, int]:
+    """Replica weights: eligible nodes per pool (see ``replicas.distribute``)."""
+    return {p.name: len(p.nodes) for p in pools}

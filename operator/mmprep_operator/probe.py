@@ -1,0 +1,202 @@
+"""The cloneability probe: which fields it depends on, its Job, and reading its answer.
+
+The probe loads the processor once in the runtime image and reports (as JSON in the container's
+termination message) whether it can be deep-copied and which path it takes. Its answer depends
+only on what loads: image, model source, revision, trustRemoteCode, volumes, mounts and env. The
+hash of exactly those fields names the Job, so resources in a namespace that serve the same model
+share one probe, and changing replicas, workers or placement never re-probes. The annotation
+``mmprep.dev/reprobe`` (any value) joins the hash, so a user can ask for a fresh probe after
+fixing something the spec cannot see (e.g. files put into a volume).
+
+Pure: the reconciler does the I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from mmprep_operator import api, naming, render
+from mmprep_operator.config import OperatorPolicy
+
+LABEL_COMPONENT_PROBE: Final = "probe"
+LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
+ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
+TERMINATION_LOG: Final = "/dev/termination-log"
+_MESSAGE_TAIL: Final = 600
+
+
+def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:
+    volumes, mounts = render.model_volumes(spec)
+    return {
+        "image": render.image_of(spec, policy),
+        "args": render.model_args(spec),
+        "env": render.model_env(spec),
+        "volumes": volumes,
+        "mounts": mounts,
+        "reprobe": reprobe,
+    }
+
+
+def probe_hash(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> str:
+    canonical = json.dumps(probe_inputs(spec, policy, reprobe), sort_keys=True, separators=(",", ":"))
+    return naming.short_hash(canonical, 16)
+
+
+def job_name(hash_: str) -> str:
+    return f"mmprep-probe-{hash_}"
+
+
+def render_job(
+    owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str
+) -> dict[str, Any]:
+    """The probe Job. Owned (not controlled) by the first resource; others add themselves as owners."""
+    labels = {
+        render.LABEL_NAME: "mmprep-runtime",
+        render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE,
+        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        LABEL_PROBE_HASH: hash_,
+    }
+    volumes, mounts = render.model_volumes(spec)
+    container: dict[str, Any] = {
+        "name": "probe",
+        "image": render.image_of(spec, policy),
+        "command": ["mmprep-runtime", "probe", *render.model_args(spec), "--termination-log", TERMINATION_LOG],
+        "env": render.model_env(spec),
+        "resources": policy.probe.resources,
+        "volumeMounts": mounts,
+        "securityContext": render.container_security_context(),
+        "terminationMessagePath": TERMINATION_LOG,
+        # When the probe dies before writing its JSON, the log tail is the best explanation there is.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if (pull := render.pull_policy_of(spec, policy)) is not None:
+        container["imagePullPolicy"] = pull
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": render.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        **placement(spec),
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    meta: dict[str, Any] = {"name": job_name(hash_), "namespace": owner.namespace, "labels": labels}
+    if owner.uid:
+        meta["ownerReferences"] = [owner.reference(controller=False)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": policy.probe.backoff_limit,
+            "activeDeadlineSeconds": spec.probe.timeout_seconds or policy.probe.timeout_seconds,
+            "ttlSecondsAfterFinished": policy.probe.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def placement(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:
+    """spec.probe's nodeSelector/tolerations when given, else the runtime's placement.
+
+    The spec's affinity follows only when the probe's nodeSelector is not overridden: an override
+    says "run it there", which the runtime's affinity might forbid.
+    """
+    out: dict[str, Any] = {}
+    selector = spec.probe.node_selector if spec.probe.node_selector is not None else spec.node_selector
+    if selector:
+        out["nodeSelector"] = dict(selector)
+    tolerations = spec.probe.tolerations if spec.probe.tolerations is not None else spec.tolerations
+    if tolerations:
+        out["tolerations"] = list(tolerations)
+    if spec.probe.node_selector is None and spec.affinity:
+        out["affinity"] = dict(spec.affinity)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeOutcome:
+    state: api.ProbeState
+    result: api.ProbeResult | None = None
+    reason: str | None = None  # for Failed: ProbeFailed, ProbeTimedOut, ProbeOutputUnreadable
+    message: str | None = None
+
+
+def _condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for c in (job.get("status") or {}).get("conditions") or ():
+        if c.get("type") == type_ and c.get("status") == "True":
+            return c
+    return None
+
+
+def _terminated_messages(pods: Sequence[Mapping[str, Any]], phase: str) -> list[str]:
+    """Termination messages of the probe container, newest pod first."""
+    chosen = [p for p in pods if (p.get("status") or {}).get("phase") == phase]
+    chosen.sort(key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True)
+    out = []
+    for pod in chosen:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+            terminated = (cs.get("state") or {}).get("terminated") or {}
+            if terminated.get("message"):
+                out.append(str(terminated["message"]))
+    return out
+
+
+def parse_result(message: str) -> api.ProbeResult:
+    """The probe's JSON (snake_case keys, as the runtime writes it). Raises ValueError."""
+    try:
+        data = json.loads(message)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"probe output is not JSON: {e.msg}") from e
+    if not isinstance(data, dict):
+        raise ValueError("probe output is not a JSON object")
+    try:
+        return api.ProbeResult.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(f"probe output has unexpected fields: {e.errors()[0]['msg']}") from e
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _MESSAGE_TAIL else "..." + text[-_MESSAGE_TAIL:]
+
+
+def _failure_detail(messages: Sequence[str]) -> str:
+    """Prefer the probe's own JSON error; fall back to the (log) message."""
+    for message in messages:
+        try:
+            data = json.loads(message)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and data.get("error"):
+            return _tail(str(data["error"]))
+    return _tail(messages[0]) if messages else "no termination message"
+
+
+def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> ProbeOutcome:
+    """Where the probe Job stands, from the Job and its pods (pure)."""
+    if job is None:
+        return ProbeOutcome("Pending")
+    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
+        messages = _terminated_messages(pods, "Succeeded")
+        if not messages:
+            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message="the probe pod left no termination message")
+        try:
+            return ProbeOutcome("Succeeded", result=parse_result(messages[0]))
+        except ValueError as e:
+            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message=f"{e}: {_tail(messages[0])}")
+    if failed is not None:
+        detail = _failure_detail(_terminated_messages(pods, "Failed"))
+        if failed.get("reason") == "DeadlineExceeded":
+            deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            return ProbeOutcome("Failed", reason="ProbeTimedOut", message=f"the probe did not finish within {deadline}s ({detail})")
+        return ProbeOutcome("Failed", reason="ProbeFailed", message=f"the model did not load: {detail}")
+    active = (job.get("status") or {}).get("active") or 0
+    return ProbeOutcome("Running" if active else "Pending")

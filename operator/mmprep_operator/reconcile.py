@@ -1,0 +1,252 @@
+"""Reconcile one MultimodalPreprocessor: probe, decide, apply, report. Level-triggered.
+
+Each call re-reads the resource from the API, recomputes everything from (spec, nodes, probe,
+policy) through the pure modules, applies the children, and writes the status only when it
+differs, so a reconcile caused by its own status write ends there. The only state kept between
+calls is a cache of probe answers per (namespace, probe hash), an optimisation: the answer is
+also in each resource's status and in the probe Job.
+
+Errors: a child the API server rejects (a bad volume in the spec, forbidden) becomes the
+``ApplyFailed`` condition and an Event, and the caller backs off; anything else raises and the
+caller backs off too (see ``controller``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from mmprep_operator import api, probe, render, status
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.kube import ApiError, Conflict, KubeApi
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.naming import short_hash
+from mmprep_operator.nodes import NodeFacts
+from mmprep_operator.plan import make_plan
+
+log = logging.getLogger("mmprep.operator.reconcile")
+
+OutcomeKind = Literal["done", "waiting", "invalid", "gone", "error"]
+# After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
+_PROBE_GRACE_SECONDS = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    requeue_after: float | None = None
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    parts = []
+    for e in error.errors()[:5]:
+        where = ".".join(str(p) for p in e["loc"]) or "spec"
+        parts.append(f"spec.{where}: {e['msg']}" if where != "spec" else e["msg"])
+    return "; ".join(parts)
+
+
+@dataclasses.dataclass
+class Reconciler:
+    api: KubeApi
+    policy: OperatorPolicy
+    nodes: Callable[[], Iterable[NodeFacts]]
+    metrics: Metrics
+    clock: Callable[[], dt.datetime] = utcnow
+    probe_cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
+
+    async def reconcile(self, namespace: str, name: str) -> Outcome:
+        body = await self.api.get_resource(namespace, name)
+        if body is None:
+            self.metrics.set_conditions((namespace, name), None)
+            return Outcome("gone")
+        meta = body.get("metadata") or {}
+        owner = render.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
+        generation = meta.get("generation")
+        previous = _parse_status(body.get("status"))
+        selector = render.selector_string(owner)
+
+        try:
+            spec = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
+        except ValidationError as e:
+            # Only reachable when the CRD in the cluster is older/laxer than this operator.
+            obs = status.Observation(generation, selector, spec_error=describe_validation_error(e))
+            await self._report(owner, body, previous, obs)
+            return Outcome("invalid")
+
+        reprobe = (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE)
+        probe_status = await self._probe(owner, spec, probe.probe_hash(spec, self.policy, reprobe), previous)
+        if probe_status.state != "Succeeded" or probe_status.result is None:
+            await self._report(owner, body, previous, status.Observation(generation, selector, probe=probe_status))
+            if probe_status.state == "Failed":
+                return Outcome("waiting")
+            deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
+            return Outcome("waiting", requeue_after=deadline + _PROBE_GRACE_SECONDS)
+
+        plan = make_plan(owner, spec, self.nodes(), probe_status.result, self.policy)
+        problem = plan.problem
+        deployments: dict[str, status.DeploymentState] = {}
+        failed = False
+        try:
+            for obj in plan.objects:
+                applied = await self.api.apply(obj)
+                if obj["kind"] == "Deployment":
+                    deployments[obj["metadata"]["name"]] = _deployment_state(applied)
+            await self._prune(owner, set(plan.deployment_names.values()))
+        except ApiError as e:
+            if not e.permanent:
+                raise
+            failed = True
+            problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
+        obs = status.Observation(
+            generation,
+            selector,
+            probe=probe_status,
+            problem=problem,
+            decisions=plan.decisions,
+            deployment_names=plan.deployment_names,
+            replicas=plan.replicas,
+            deployments=deployments,
+        )
+        await self._report(owner, body, previous, obs)
+        return Outcome("error" if failed else "done")
+
+    # ---------------------------------------------------------------------------------- probe
+
+    async def _probe(
+        self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str, previous: api.MultimodalPreprocessorStatus | None
+    ) -> api.ProbeStatus:
+        job_name = probe.job_name(hash_)
+        if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
+            if previous.probe.state == "Succeeded" and previous.probe.result is not None:
+                self.probe_cache[(owner.namespace, hash_)] = previous.probe.result
+                return previous.probe
+            if previous.probe.state == "Failed":
+                # A failed probe stays failed until something it depends on changes (or the user
+                # sets the mmprep.dev/reprobe annotation): no retry storm on a broken model.
+                return previous.probe
+        cached = self.probe_cache.get((owner.namespace, hash_))
+        if cached is not None:
+            return api.ProbeStatus(hash=hash_, job=job_name, state="Succeeded", result=cached)
+
+        job = await self.api.get_job(owner.namespace, job_name)
+        if job is None:
+            job = await self.api.create_job(probe.render_job(owner, spec, self.policy, hash_))
+            self.metrics.probe_jobs.inc()
+            log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
+        else:
+            await self._share_job(owner, job)
+        finished = any(
+            c.get("status") == "True" and c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+            for c in (job.get("status") or {}).get("conditions") or ()
+        )
+        pods = await self.api.list_pods(owner.namespace, f"job-name={job_name}") if finished else []
+        outcome = probe.read_outcome(job, pods)
+        if outcome.state == "Succeeded" and outcome.result is not None:
+            self.probe_cache[(owner.namespace, hash_)] = outcome.result
+        return api.ProbeStatus(
+            hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
+        )
+
+    async def _share_job(self, owner: render.Owner, job: Mapping[str, Any]) -> None:
+        """Add the resource as an owner of a probe Job another resource created (GC needs all owners gone)."""
+        meta = job.get("metadata") or {}
+        owners = list(meta.get("ownerReferences") or ())
+        if not owner.uid or any(o.get("uid") == owner.uid for o in owners):
+            return
+        try:
+            await self.api.set_job_owners(
+                owner.namespace, meta["name"], [*owners, owner.reference(controller=False)], str(meta.get("resourceVersion", ""))
+            )
+        except Conflict:
+            # Someone else changed the Job meanwhile; the next reconcile adds us. Sharing is only
+            # about garbage collection, so it is not worth failing this reconcile for.
+            log.info("probe job changed while sharing it; will retry", extra={"job": meta.get("name")})
+
+    # ------------------------------------------------------------------------------- children
+
+    async def _prune(self, owner: render.Owner, keep: set[str]) -> None:
+        """Delete this resource's Deployments of pools that no longer exist."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(owner).items()))
+        for deployment in await self.api.list_deployments(owner.namespace, selector):
+            meta = deployment.get("metadata") or {}
+            owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
+            if owned and meta.get("name") not in keep:
+                await self.api.delete_deployment(owner.namespace, meta["name"])
+                log.info("deployment of a vanished pool deleted", extra={"namespace": owner.namespace, "deployment": meta["name"]})
+
+    # --------------------------------------------------------------------------------- status
+
+    async def _report(
+        self,
+        owner: render.Owner,
+        body: Mapping[str, Any],
+        previous: api.MultimodalPreprocessorStatus | None,
+        obs: status.Observation,
+    ) -> None:
+        new = status.fold(previous, obs, self.clock())
+        wire = new.wire()
+        if previous is None or previous.wire() != wire:
+            await self.api.replace_resource_status(owner.namespace, owner.name, wire)
+        self.metrics.set_conditions((owner.namespace, owner.name), {c.type: c.status for c in new.conditions})
+        for event in status.events(previous, new):
+            await self._post_event(owner, body, event)
+
+    async def _post_event(self, owner: render.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
+        now = status.timestamp(self.clock())
+        meta = body.get("metadata") or {}
+        ev = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                # Deterministic: the same event again becomes a count bump, not a new object.
+                "name": f"{owner.name}.{short_hash(f'{owner.uid}/{event.reason}/{event.message}', 16)}",
+                "namespace": owner.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": owner.name,
+                "namespace": owner.namespace,
+                "uid": owner.uid,
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": render.MANAGED_BY},
+            "reportingComponent": render.MANAGED_BY,
+            "reportingInstance": render.MANAGED_BY,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.api.post_event(ev)
+        except ApiError as e:
+            # Events are best effort: never fail a reconcile for one.
+            log.warning("could not post event", extra={"reason": event.reason, "error": str(e)})
+        log.info(event.message, extra={"namespace": owner.namespace, "resource": owner.name, "event": event.reason})
+
+
+def _parse_status(raw: Any) -> api.MultimodalPreprocessorStatus | None:
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        return api.MultimodalPreprocessorStatus.model_validate(raw)
+    except ValidationError:
+        # A status from another version of the operator: start over rather than crash.
+        return None
+
+
+def _deployment_state(deployment: Mapping[str, Any]) -> status.DeploymentState:
+    st = deployment.get("status") or {}
+    return status.DeploymentState(replicas=int(st.get("replicas") or 0), ready_replicas=int(st.get("readyReplicas") or 0))

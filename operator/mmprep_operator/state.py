@@ -1,0 +1,36 @@
+"""What one running operator holds: policy, metrics, controller and the API seam.
+
+Created by ``cli run`` before kopf starts and handed to kopf as the memo; the API client is
+created in the startup handler because it belongs to kopf's event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.controller import Controller
+from mmprep_operator.kube import RestKubeApi
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.nodes import NodeFacts
+from mmprep_operator.reconcile import Reconciler
+
+
+@dataclasses.dataclass
+class OperatorState:
+    policy: OperatorPolicy
+    metrics: Metrics
+    controller: Controller
+    kubeconfig: str | None = None
+    context: str | None = None
+    api: RestKubeApi | None = None
+
+    async def start(self, nodes: Callable[[], Iterable[NodeFacts]]) -> None:
+        self.api = await RestKubeApi.connect(self.kubeconfig, self.context)
+        self.controller.start(Reconciler(api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics))
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+        if self.api is not None:
+            await self.api.close()
