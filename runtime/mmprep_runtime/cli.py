@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=10.0, help="seconds of load per worker count")
     bench.add_argument("--image", default="1280x960", help="synthetic image size WxH, one image per request")
     bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
+    bench.add_argument("--decode", action="store_true", help="decode the JPEG in every job (end-to-end CPU cost)")
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 

@@ -1,0 +1,359 @@
+"""``mmprep-runtime bench``: throughput, latency and CPU by processor worker count, in process.
+
+For each worker count the real engine is started (same loading, decision and pool as ``serve``,
+with the count given explicitly) and kept busy by a closed loop with one job in flight per worker:
+the completion callback submits the next job from the worker thread itself, so a worker never
+waits for the load generator, and latency is service time rather than queueing. Before the
+sweep, the processor is called directly in one thread: the baseline for the pool's overhead.
+
+Images are decoded once up front (``--decode`` makes every job decode its JPEG too, for the
+end-to-end CPU cost). Output: a table and a progress line on stderr, the JSON on stdout (and in
+``--json FILE``). The operator can calibrate worker counts per node type from this JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Final
+
+import numpy as np
+
+from mmprep_runtime import decoding, engine, loading, pipeline, versions
+from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
+
+EXIT_USAGE: Final = 2
+EXIT_LOAD_FAILED: Final = 1
+_PROGRESS_INTERVAL: Final = 0.5
+
+
+class BenchError(ValueError):
+    pass
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise BenchError(f"--workers must be comma-separated integers, got {text!r}") from None
+    if not counts or any(count < 1 or count > 64 for count in counts):
+        raise BenchError(f"--workers must list counts between 1 and 64, got {text!r}")
+    return counts
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    width, sep, height = text.lower().partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        raise BenchError(f"--image must be WIDTHxHEIGHT, got {text!r}") from None
+    if not sep or min(size) < 1 or size[0] * size[1] > Limits().max_image_pixels:
+        raise BenchError(f"--image must be WIDTHxHEIGHT within the pixel limit, got {text!r}")
+    return size
+
+
+def synthetic_jpeg(width: int, height: int, seed: int = 0) -> bytes:
+    """A photo-like JPEG: smooth gradients plus noise, so decode and resize costs are realistic."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def synthetic_wav(seconds: float = 5.0, rate: int = 16000) -> bytes:
+    import wave
+
+    samples = (np.sin(np.linspace(0, 440 * 2 * math.pi * seconds, int(rate * seconds))) * 8000).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one job does: build the request (decoding or not), then run the processor."""
+
+    facts: loading.ProcessorFacts
+    request: pipeline.PreprocessRequest
+    jpeg: bytes | None
+    decode: bool
+
+    def job(self, processor: Any) -> None:
+        request = self.request
+        if self.decode and self.jpeg is not None:
+            image = decoding.decode_image(self.jpeg, "image", max_pixels=Limits().max_image_pixels)
+            request = dataclasses.replace(request, images=(image,))
+        pipeline.process(processor, request, self.facts)
+
+
+def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode: bool) -> Workload:
+    text = "Describe this picture in one sentence."
+    jpeg: bytes | None = None
+    images: tuple[Any, ...] = ()
+    audio: tuple[Any, ...] = ()
+    if facts.takes_images:
+        jpeg = synthetic_jpeg(*size)
+        images = (decoding.decode_image(jpeg, "image", max_pixels=Limits().max_image_pixels),)
+        if facts.image_token:
+            text = f"{text} {facts.image_token}"
+    elif facts.takes_audio:
+        audio = (decoding.decode_wav(synthetic_wav(), "audio", target_rate=facts.sampling_rate or 16000,
+                                     max_seconds=60),)
+    return Workload(facts, pipeline.PreprocessRequest(text, images, audio), jpeg, decode)
+
+
+@dataclasses.dataclass
+class Measurement:
+    label: str
+    workers: int
+    intra_op_threads: int
+    requests: int
+    seconds: float
+    latencies: list[float]
+    cpu_seconds: float
+    rss_bytes: int
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.latencies)
+
+        def quantile(q: float) -> float | None:
+            if not ordered:
+                return None
+            return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+        p50, p99 = quantile(0.5), quantile(0.99)
+        return {
+            "label": self.label,
+            "workers": self.workers,
+            "intra_op_threads": self.intra_op_threads,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+            "req_per_s": round(self.requests / self.seconds, 3) if self.seconds else None,
+            "p50_ms": round(p50 * 1000, 2) if p50 is not None else None,
+            "p99_ms": round(p99 * 1000, 2) if p99 is not None else None,
+            "cpu_cores": round(self.cpu_seconds / self.seconds, 3) if self.seconds else None,
+            "cpu_ms_per_request": round(self.cpu_seconds * 1000 / self.requests, 2) if self.requests else None,
+            "rss_mb": round(self.rss_bytes / 2**20, 1),
+        }
+
+
+class Progress:
+    def __init__(self, enabled: bool, label: str, duration: float, done: Callable[[], int]) -> None:
+        # A live line needs a terminal; elsewhere (logs, pipes) one line per finished run.
+        self._enabled = enabled
+        self._live = enabled and sys.stderr.isatty()
+        self._label, self._duration, self._done = label, duration, done
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Progress":
+        self._started = time.monotonic()
+        if self._live:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._live:
+            self._thread.join()
+            sys.stderr.write("\r\033[K")
+        if self._enabled:
+            elapsed = time.monotonic() - self._started
+            sys.stderr.write(f"{self._label}: {self._done()} requests in {elapsed:.1f} s\n")
+            sys.stderr.flush()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.wait(_PROGRESS_INTERVAL):
+            elapsed = time.monotonic() - started
+            done = self._done()
+            bar = int(20 * min(1.0, elapsed / self._duration))
+            sys.stderr.write(
+                f"\r{self._label:<14} [{'#' * bar}{'.' * (20 - bar)}] {elapsed:5.1f}/{self._duration:g} s"
+                f"  {done} done  {done / elapsed if elapsed else 0:6.1f} req/s"
+            )
+            sys.stderr.flush()
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def measure_direct(processor: Any, workload: Workload, duration: float, progress: bool) -> Measurement:
+    latencies: list[float] = []
+    with Progress(progress, "direct", duration, lambda: len(latencies)):
+        cpu0, started = _cpu_seconds(), time.perf_counter()
+        while time.perf_counter() - started < duration:
+            t0 = time.perf_counter()
+            workload.job(processor)
+            latencies.append(time.perf_counter() - t0)
+        seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu0
+    return Measurement("direct", 1, 1, len(latencies), seconds, latencies, cpu, _rss_bytes())
+
+
+def measure_pool(running: engine.Engine, workload: Workload, duration: float, progress: bool) -> Measurement:
+    """Closed loop, one job in flight per worker, for ``duration`` seconds."""
+    pool = running.pool
+    lock = threading.Lock()
+    latencies: list[float] = []
+    outstanding = [0]
+    finished = threading.Event()
+    stop_at = [math.inf]
+
+    def submit() -> None:
+        submitted = time.perf_counter()
+        future = pool.submit(workload.job)
+        future.add_done_callback(lambda f: completed(f, submitted))
+
+    def completed(future: Any, submitted: float) -> None:
+        now = time.perf_counter()
+        future.result()  # a failing job should stop the benchmark loudly, not skew it
+        with lock:
+            if submitted >= started_at[0]:
+                latencies.append(now - submitted)
+            if now < stop_at[0]:
+                resubmit = True
+            else:
+                resubmit = False
+                outstanding[0] -= 1
+                if outstanding[0] == 0:
+                    finished.set()
+        if resubmit:
+            submit()
+
+    started_at = [time.perf_counter()]
+    with Progress(progress, f"{pool.workers} worker(s)", duration, lambda: len(latencies)):
+        cpu0 = _cpu_seconds()
+        started_at[0] = time.perf_counter()
+        stop_at[0] = started_at[0] + duration
+        outstanding[0] = pool.workers
+        for _ in range(pool.workers):
+            submit()
+        if not finished.wait(duration + 120):
+            raise RuntimeError("the benchmark jobs did not finish")
+        seconds = time.perf_counter() - started_at[0]
+        cpu = _cpu_seconds() - cpu0
+    return Measurement(
+        f"pool-{pool.workers}", pool.workers, running.intra_op_threads, len(latencies), seconds, latencies, cpu,
+        _rss_bytes(),
+    )
+
+
+def run(
+    settings: loading.ModelSettings,
+    workers: list[int],
+    *,
+    duration: float,
+    size: tuple[int, int],
+    warmup: float = 1.0,
+    decode: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    processor, facts = loading.load_processor(settings)
+    workload = build_workload(facts, size, decode)
+    import torch
+
+    torch.set_num_threads(1)  # the direct baseline is one thread, like one worker
+    if warmup > 0:
+        measure_direct(processor, workload, warmup, False)
+    direct = measure_direct(processor, workload, duration, progress).summary()
+    del processor
+    results = []
+    for count in workers:
+        running = engine.start_engine(settings, processor_workers=count)
+        try:
+            if warmup > 0:
+                measure_pool(running, workload, warmup, False)
+            results.append(measure_pool(running, workload, duration, progress).summary())
+            info = running.info()
+        finally:
+            running.close()
+        results[-1]["reason"] = info["workers"]["reason"]
+    one = next((r for r in results if r["workers"] == 1), None)
+    for result in results:
+        if one and one["req_per_s"]:
+            result["speedup_vs_1_worker"] = round(result["req_per_s"] / one["req_per_s"], 3)
+        if direct["req_per_s"]:
+            result["throughput_vs_direct"] = round(result["req_per_s"] / direct["req_per_s"], 3)
+    return {
+        "model": settings.model,
+        "processor_class": facts.processor_class,
+        "image_processor_class": facts.image_processor_class,
+        "backend": facts.backend,
+        "image": f"{size[0]}x{size[1]}" if facts.takes_images else None,
+        "decode_in_job": decode,
+        "duration_s": duration,
+        "usable_cpus": engine.cpus.usable_cpus(),
+        "direct": direct,
+        "results": results,
+        "versions": versions.versions(),
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    header = f"{'run':<10} {'workers':>7} {'threads':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} " \
+             f"{'CPU':>5} {'CPU ms/req':>10} {'RSS MB':>7} {'x 1 wkr':>7}"
+    lines = [
+        f"{report['processor_class']} ({report['backend'] or 'no image processor'}), image {report['image']}, "
+        f"{report['duration_s']:g} s per run, {report['usable_cpus']} usable CPU(s)",
+        header,
+        "-" * len(header),
+    ]
+    for row in [report["direct"], *report["results"]]:
+        lines.append(
+            f"{row['label']:<10} {row['workers']:>7} {row['intra_op_threads']:>7} {row['req_per_s']:>8} "
+            f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['cpu_cores']:>5} {row['cpu_ms_per_request']:>10} "
+            f"{row['rss_mb']:>7} {row.get('speedup_vs_1_worker', ''):>7}"
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = model_settings_from_args(args, os.environ)
+        workers = parse_workers(args.workers)
+        size = parse_size(args.image)
+        if args.duration <= 0:
+            raise BenchError(f"--duration must be positive, got {args.duration}")
+    except (SettingsError, BenchError) as exc:
+        print(f"mmprep-runtime bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = run(
+            settings, workers, duration=args.duration, size=size, warmup=args.warmup,
+            decode=args.decode, progress=not args.no_progress,
+        )
+    except loading.ModelLoadError as exc:
+        print(f"mmprep-runtime bench: {exc}", file=sys.stderr)
+        return EXIT_LOAD_FAILED
+    print(table(report), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_out:
+        with open(args.json_out, "w") as out:
+            out.write(text + "\n")
+    return 0

@@ -1,0 +1,146 @@
+"""The runtime's core, assembled: processor, decision, processor pool and IO pool.
+
+``start_engine`` is the order that matters: load and customize the processor (backend, device
+patch), *then* probe cloneability of exactly that object, decide the workers with the shared
+``policy``, size torch intra-op threads against the usable CPUs, start the pool, and warm it.
+``serve`` and ``bench`` both start engines, so what is benchmarked is what is served.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+from typing import Any
+
+from mmprep_runtime import cpus, executor, loading, policy, versions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Engine:
+    facts: loading.ProcessorFacts
+    clone_probe: executor.CloneProbe
+    decision: policy.WorkerDecision
+    device: str
+    usable_cpus: int
+    intra_op_threads: int
+    pool: executor.ProcessorPool[Any]
+    io_pool: concurrent.futures.ThreadPoolExecutor
+
+    def info(self) -> dict[str, Any]:
+        facts = self.facts
+        return {
+            "model": facts.model,
+            "processor_class": facts.processor_class,
+            "tokenizer_class": facts.tokenizer_class,
+            "image_processor_class": facts.image_processor_class,
+            "fast_image_processor": facts.fast_image_processor,
+            "backend": facts.backend,
+            "feature_extractor_class": facts.feature_extractor_class,
+            "declared_workers": facts.declared_workers,
+            "path": self.decision.path.value,
+            "device": self.device,
+            "workers": {
+                "processor": self.decision.processor_workers,
+                "io": self.decision.io_workers,
+                "reason": self.decision.reason.value,
+                "message": self.decision.message,
+                "explicit_not_honoured": self.decision.explicit_not_honoured,
+            },
+            "cloneable": self.clone_probe.cloneable,
+            "clone_error": self.clone_probe.error,
+            "clone_seconds": round(self.clone_probe.seconds, 6),
+            "worker_clone_seconds": [round(s, 6) for s in self.pool.clone_seconds],
+            "usable_cpus": self.usable_cpus,
+            "intra_op_threads": self.intra_op_threads,
+            "versions": versions.versions(),
+        }
+
+    def close(self, timeout: float | None = None) -> None:
+        self.pool.shutdown(wait=True, timeout=timeout)
+        self.io_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def resolve_device(requested: policy.Device) -> tuple[str, bool]:
+    """(device name, whether a GPU is usable). Asking for cuda without one is an error."""
+    if requested is policy.Device.CPU:
+        return "cpu", False
+    available = loading.cuda_available()
+    if requested is policy.Device.CUDA and not available:
+        raise loading.ModelLoadError("device cuda was asked for, but CUDA is not available in this process")
+    return ("cuda", True) if available else ("cpu", False)
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    # Per thread: OpenMP keeps the thread count per calling thread, so each worker sets its own.
+    torch.set_num_threads(threads)
+
+
+def start_engine(
+    model: loading.ModelSettings,
+    *,
+    processor_workers: int | None = None,
+    io_workers: int | None = None,
+    observer: executor.PoolObserver | None = None,
+    warm: bool = True,
+    warm_timeout: float | None = 600.0,
+) -> Engine:
+    processor, facts = loading.load_processor(model)
+    device, gpu_available = resolve_device(model.device)
+    backend = facts.backend if facts.backend in ("pil", "torchvision") else policy.Backend.AUTO
+    path = policy.decide_path(
+        gpu_available=gpu_available,
+        device=model.device,
+        backend=backend,
+        fast_image_processor=facts.fast_image_processor,
+    )
+    if path is policy.Path.GPU:
+        loading.bind_device(processor, device)
+    else:
+        device = "cpu"
+
+    # The resolver hands over whatever the processor is when a worker clones: all customization
+    # above is done by then, and a later customization of `holder` would be seen too.
+    holder = {"processor": processor}
+
+    def resolve() -> Any:
+        return holder["processor"]
+
+    probe = executor.probe_clone(resolve)
+    decision = policy.decide_workers(
+        path=path,
+        cloneable=probe.cloneable,
+        explicit=processor_workers,
+        declared=facts.declared_workers,
+        explicit_io=io_workers,
+        cloneable_error=probe.error,
+    )
+    if decision.explicit_not_honoured is not None:
+        logger.warning("workers: %s", decision.message)
+    elif not probe.cloneable:
+        logger.warning("workers: falling back to one worker: %s", decision.message)
+    else:
+        logger.info("workers: %s (%s)", decision.message, decision.reason.value)
+    usable = cpus.usable_cpus()
+    threads = cpus.intra_op_threads(decision.processor_workers, usable)
+    _set_torch_threads(threads)
+    pool: executor.ProcessorPool[Any] = executor.ProcessorPool(
+        resolve,
+        decision.processor_workers,
+        cloneable=probe.cloneable,
+        thread_init=lambda: _set_torch_threads(threads),
+        observer=observer,
+    )
+    io_pool = concurrent.futures.ThreadPoolExecutor(decision.io_workers, thread_name_prefix="mmprep-io")
+    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool)
+    if warm:
+        pool.warm(warm_timeout)
+    logger.info(
+        "engine ready: %s on %s path, %d processor worker(s) x %d intra-op thread(s) of %d usable CPU(s)",
+        facts.processor_class, path.value, decision.processor_workers, threads, usable,
+    )
+    return engine

@@ -1,0 +1,245 @@
+"""The processor pool: worker threads that each own a deep copy of the processor.
+
+Hugging Face processors and tokenizers carry mutable state and are not thread-safe (sharing one
+tokenizer across 16 threads failed 3988 of 4000 calls in transformers #47085), so no processor
+object is ever used by two threads: each worker thread makes its own ``copy.deepcopy`` and keeps
+it for its life.
+
+- The pool gets a *resolver* callable, not the object: whoever customizes the processor after
+  construction (a backend swap, a device patch) must be done before the first clone, and the
+  clone copies what the resolver returns at that moment.
+- Clones are made one at a time under a lock: deepcopy reads the shared original, and cloning a
+  large tokenizer is slow (2.4 s in transformers #44894) and memory-hungry.
+- ``warm()`` makes every worker clone before the server reports ready, so no request pays for a
+  clone; without it each worker clones lazily on its first job.
+- ``probe_clone`` deep-copies once at startup. When that fails the pool runs one worker that uses
+  the original object (the only thread that ever touches it) and reports why.
+
+Jobs are ``concurrent.futures.Future``\\s so the asyncio side can await them and cancel ones whose
+deadline passed before a worker picked them up. Admission (how many may wait) is the caller's
+business: see ``admission``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class CloneProbe:
+    cloneable: bool
+    error: str | None
+    seconds: float
+
+
+def probe_clone(resolve: Callable[[], Any]) -> CloneProbe:
+    """Deep-copy the processor once; any exception means it cannot be cloned, and says why."""
+    started = time.perf_counter()
+    try:
+        copy.deepcopy(resolve())
+    except Exception as exc:  # noqa: BLE001 - any failure of deepcopy is the answer
+        return CloneProbe(False, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
+    return CloneProbe(True, None, time.perf_counter() - started)
+
+
+class PoolObserver(Protocol):
+    """What the pool reports; metrics implement it, tests may too."""
+
+    def queue_wait(self, seconds: float) -> None: ...
+
+    def processing(self, seconds: float) -> None: ...
+
+    def cloned(self, seconds: float) -> None: ...
+
+
+class _NullObserver:
+    def queue_wait(self, seconds: float) -> None:
+        pass
+
+    def processing(self, seconds: float) -> None:
+        pass
+
+    def cloned(self, seconds: float) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class _Job:
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: concurrent.futures.Future[Any]
+    enqueued: float
+
+
+_STOP = object()
+
+
+class PoolClosed(RuntimeError):
+    pass
+
+
+class ProcessorPool(Generic[P]):
+    """``workers`` threads, each calling ``function(processor_clone, *args)`` for its jobs."""
+
+    def __init__(
+        self,
+        resolve: Callable[[], P],
+        workers: int,
+        *,
+        cloneable: bool = True,
+        thread_init: Callable[[], None] | None = None,
+        observer: PoolObserver | None = None,
+        name: str = "mmprep-processor",
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        if not cloneable and workers != 1:
+            # The decision (policy.decide_workers) already caps this; refusing here keeps the
+            # invariant local: an uncloneable processor is never shared between threads.
+            raise ValueError("a processor that cannot be cloned can only have 1 worker")
+        self._resolve = resolve
+        self._cloneable = cloneable
+        self._thread_init = thread_init
+        self._observer: PoolObserver = observer or _NullObserver()
+        self._clone_lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._state_lock = threading.Lock()
+        self._waiting = 0
+        self._busy = 0
+        self._busy_seconds = 0.0
+        self._clone_seconds: list[float] = []
+        self._closed = False
+        self._local = threading.local()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
+            for index in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- introspection -------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> int:
+        return len(self._threads)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs submitted and not yet picked up by a worker (the queue depth)."""
+        return self._waiting
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    @property
+    def busy_seconds(self) -> float:
+        """Total seconds workers spent running jobs (for a rate: busy fraction = rate / workers)."""
+        with self._state_lock:
+            return self._busy_seconds
+
+    @property
+    def clone_seconds(self) -> tuple[float, ...]:
+        with self._state_lock:
+            return tuple(self._clone_seconds)
+
+    # -- use -----------------------------------------------------------------------------------
+
+    def warm(self, timeout: float | None = None) -> None:
+        """Make every worker hold its processor now. Returns when all have one.
+
+        One job per worker, each waiting at a barrier until all are running: that forces the jobs
+        onto distinct threads, so each thread clones exactly once here.
+        """
+        barrier = threading.Barrier(self.workers)
+
+        def hold(_processor: P) -> None:
+            barrier.wait(timeout)
+
+        futures = [self.submit(hold) for _ in range(self.workers)]
+        for future in futures:
+            future.result(timeout)
+
+    def submit(self, function: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        """Queue ``function(processor, *args)``; cancel the future to drop it before it starts."""
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        with self._state_lock:
+            if self._closed:
+                raise PoolClosed("the processor pool is shut down")
+            self._waiting += 1
+        self._jobs.put(_Job(function, args, future, time.perf_counter()))
+        return future
+
+    def shutdown(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop taking jobs; workers finish what is queued, then exit."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._jobs.put(_STOP)
+        if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for thread in self._threads:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def _processor(self) -> P:
+        processor: P | None = getattr(self._local, "processor", None)
+        if processor is None:
+            if self._cloneable:
+                with self._clone_lock:
+                    started = time.perf_counter()
+                    processor = copy.deepcopy(self._resolve())
+                    seconds = time.perf_counter() - started
+                with self._state_lock:
+                    self._clone_seconds.append(seconds)
+                self._observer.cloned(seconds)
+                logger.debug("%s cloned the processor in %.3f s", threading.current_thread().name, seconds)
+            else:
+                # The single worker of an uncloneable processor: the only thread that uses it.
+                processor = self._resolve()
+            self._local.processor = processor
+        return processor
+
+    def _work(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            assert isinstance(job, _Job)
+            with self._state_lock:
+                self._waiting -= 1
+            if not job.future.set_running_or_notify_cancel():
+                continue  # its deadline passed while it waited: nobody wants the answer
+            started = time.perf_counter()
+            self._observer.queue_wait(started - job.enqueued)
+            with self._state_lock:
+                self._busy += 1
+            try:
+                result = job.function(self._processor(), *job.args)
+            except BaseException as exc:  # noqa: BLE001 - the job fails, never the worker
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._state_lock:
+                    self._busy -= 1
+                    self._busy_seconds += elapsed
+                self._observer.processing(elapsed)

@@ -1,0 +1,166 @@
+"""Loading a processor and reading the facts the decision needs from it.
+
+``load_processor`` returns the processor (customized: backend swap, device patch) together with
+``ProcessorFacts``: its classes, whether its image processor is the fast (torchvision) kind, and
+the worker count the model declares. ``serve``, ``probe`` and ``bench`` all load through here, so
+they agree on what a model is.
+
+Backend: transformers chooses an image processor backend at load time (torchvision when
+installed). ``--backend pil|torchvision`` reloads just the image processor with that backend; with
+``auto``, a folder whose config names a ``...Pil`` class gets the PIL backend (that is what
+``make-model --backend pil`` writes), anything else keeps the transformers default.
+
+Remote code: ``trust_remote_code`` is always passed as a bool. Passing None would make
+transformers ask on stdin, which in a pod hangs or fails obscurely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+from typing import Any
+
+from mmprep_runtime import declared, patches, policy
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """The processor cannot be loaded; the message says which model and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    model: str
+    revision: str | None = None
+    trust_remote_code: bool = False
+    backend: policy.Backend = policy.Backend.AUTO
+    device: policy.Device = policy.Device.AUTO
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessorFacts:
+    model: str
+    processor_class: str
+    tokenizer_class: str
+    image_processor_class: str | None
+    fast_image_processor: bool
+    backend: str | None  # "torchvision", "pil", or None without an image processor
+    feature_extractor_class: str | None
+    sampling_rate: int | None
+    image_token: str | None
+    declared_workers: int | None
+
+    @property
+    def takes_images(self) -> bool:
+        return self.image_processor_class is not None
+
+    @property
+    def takes_audio(self) -> bool:
+        return self.feature_extractor_class is not None
+
+
+def _local_folder(model: str) -> pathlib.Path | None:
+    path = pathlib.Path(model)
+    return path if path.is_dir() else None
+
+
+def _folder_names_pil_class(folder: pathlib.Path) -> bool:
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        try:
+            config = json.loads((folder / name).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        image_config = config.get("image_processor", config) if isinstance(config, dict) else {}
+        kind = image_config.get("image_processor_type") if isinstance(image_config, dict) else None
+        if isinstance(kind, str):
+            return kind.endswith("Pil")
+    return False
+
+
+def _image_backend(image_processor: Any) -> str | None:
+    if image_processor is None:
+        return None
+    from transformers.image_processing_backends import PilBackend, TorchvisionBackend
+
+    if isinstance(image_processor, TorchvisionBackend):
+        return policy.Backend.TORCHVISION.value
+    if isinstance(image_processor, PilBackend):
+        return policy.Backend.PIL.value
+    return "other"
+
+
+def facts_of(processor: Any, model: str, declared_workers: int | None) -> ProcessorFacts:
+    image_processor = getattr(processor, "image_processor", None)
+    feature_extractor = getattr(processor, "feature_extractor", None)
+    backend = _image_backend(image_processor)
+    return ProcessorFacts(
+        model=model,
+        processor_class=type(processor).__name__,
+        tokenizer_class=type(patches.tokenizer_of(processor)).__name__,
+        image_processor_class=type(image_processor).__name__ if image_processor is not None else None,
+        fast_image_processor=backend == policy.Backend.TORCHVISION.value,
+        backend=backend,
+        feature_extractor_class=type(feature_extractor).__name__ if feature_extractor is not None else None,
+        sampling_rate=getattr(feature_extractor, "sampling_rate", None),
+        image_token=getattr(processor, "image_token", None) if image_processor is not None else None,
+        declared_workers=declared_workers,
+    )
+
+
+def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
+    """Load with ``AutoProcessor``; apply the backend choice. Raises ``ModelLoadError``."""
+    try:
+        from transformers import AutoImageProcessor, AutoProcessor
+    except ImportError as exc:  # pragma: no cover - the runtime extra is missing
+        raise ModelLoadError(f"transformers is not installed: {exc}") from exc
+
+    folder = _local_folder(settings.model)
+    if folder is None and settings.model.startswith(("/", "./", "../", "~")):
+        # Clearly a path, not a hub id: say so now instead of asking the hub for it.
+        raise ModelLoadError(f"model folder {settings.model!r} does not exist")
+    common: dict[str, Any] = {"trust_remote_code": bool(settings.trust_remote_code)}
+    if settings.revision is not None and folder is None:
+        common["revision"] = settings.revision
+    try:
+        processor = AutoProcessor.from_pretrained(settings.model, **common)
+    except Exception as exc:  # noqa: BLE001 - anything here means "cannot load", said clearly
+        raise ModelLoadError(f"cannot load processor {settings.model!r}: {type(exc).__name__}: {exc}") from exc
+
+    backend = settings.backend
+    if backend is policy.Backend.AUTO and folder is not None and _folder_names_pil_class(folder):
+        backend = policy.Backend.PIL
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is not None and backend is not policy.Backend.AUTO and _image_backend(image_processor) != backend.value:
+        try:
+            processor.image_processor = AutoImageProcessor.from_pretrained(
+                settings.model, backend=backend.value, **common
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(
+                f"cannot load the {backend.value} image processor of {settings.model!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    try:
+        declared_count = declared.declared_workers(folder, type(processor).__name__)
+    except declared.DeclarationError as exc:
+        raise ModelLoadError(f"{settings.model!r}: {exc}") from exc
+    return processor, facts_of(processor, settings.model, declared_count)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def bind_device(processor: Any, device: str) -> None:
+    """Make the fast image processor run on ``device``: a MethodType patch, so clones keep it."""
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None:
+        return
+    patches.bind_default_kwargs(image_processor, "preprocess", device=device)

@@ -1,0 +1,148 @@
+"""The protocol-agnostic pipeline: decode -> process -> encode.
+
+- ``decode_request`` (IO pool): JSON parsing, validation against the processor's facts, base64
+  and media decoding. Parsing a body with megabytes of base64 holds the GIL; it stays off the event
+  loop so the loop only moves bytes.
+- ``process`` (processor pool): the processor call on the worker's own clone.
+- ``encode_json`` / ``encode_safetensors`` (IO pool): the answer's bytes.
+
+Every failure is an ``errors.RequestError``; the HTTP layer only maps them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Final, Mapping
+
+import numpy as np
+
+from mmprep_runtime import decoding, errors
+from mmprep_runtime.loading import ProcessorFacts
+from mmprep_runtime.settings import Limits
+
+KNOWN_FIELDS: Final = frozenset({"text", "images", "audio"})
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessRequest:
+    text: str
+    images: tuple[Any, ...] = ()
+    audio: tuple[np.ndarray[Any, Any], ...] = ()
+
+
+def _string_list(payload: Mapping[str, Any], field: str, limit: int) -> list[str]:
+    value = payload.get(field)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise errors.BadRequest(f"'{field}' must be a list of base64 strings, got {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise errors.BadRequest(f"'{field}[{index}]' must be a base64 string, got {type(item).__name__}")
+    if len(value) > limit:
+        raise errors.BadRequest(f"'{field}' has {len(value)} items, more than the limit of {limit}")
+    return value
+
+
+def parse_payload(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise errors.BadRequest(f"body must be a JSON object, got {type(payload).__name__}")
+    unknown = sorted(set(payload) - KNOWN_FIELDS)
+    if unknown:
+        raise errors.BadRequest(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_FIELDS))}")
+    return payload
+
+
+def decode_request(body: bytes, facts: ProcessorFacts, limits: Limits) -> PreprocessRequest:
+    payload = parse_payload(body)
+    if "text" not in payload:
+        raise errors.BadRequest("missing 'text'")
+    text = payload["text"]
+    if not isinstance(text, str):
+        raise errors.BadRequest(f"'text' must be a string, got {type(text).__name__}")
+    if len(text) > limits.max_text_chars:
+        raise errors.BadRequest(f"'text' has {len(text)} characters, more than the limit of {limits.max_text_chars}")
+    images = _string_list(payload, "images", limits.max_images)
+    audio = _string_list(payload, "audio", limits.max_audio_items)
+
+    # Checks that need only the text come before any decoding: a wrong request costs nothing.
+    if images and not facts.takes_images:
+        raise errors.Unprocessable(f"this processor ({facts.processor_class}) takes no images")
+    if audio and not facts.takes_audio:
+        raise errors.Unprocessable(f"this processor ({facts.processor_class}) takes no audio")
+    if facts.image_token:
+        placeholders = text.count(facts.image_token)
+        if placeholders != len(images):
+            raise errors.Unprocessable(
+                f"the text has {placeholders} image placeholder(s) {facts.image_token!r} "
+                f"but {len(images)} image(s) were sent; they must match"
+            )
+
+    decoded_images = tuple(
+        decoding.decode_image(
+            decoding.b64decode(item, f"images[{index}]"), f"images[{index}]", max_pixels=limits.max_image_pixels
+        )
+        for index, item in enumerate(images)
+    )
+    decoded_audio = tuple(
+        decoding.decode_wav(
+            decoding.b64decode(item, f"audio[{index}]"),
+            f"audio[{index}]",
+            target_rate=facts.sampling_rate or 16000,
+            max_seconds=limits.max_audio_seconds,
+        )
+        for index, item in enumerate(audio)
+    )
+    return PreprocessRequest(text, decoded_images, decoded_audio)
+
+
+def process(processor: Any, request: PreprocessRequest, facts: ProcessorFacts) -> dict[str, Any]:
+    """Run the processor (on the calling worker's own clone). Returns name -> torch tensor."""
+    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    try:
+        if facts.takes_images or facts.takes_audio:
+            if request.images:
+                kwargs["images"] = list(request.images)
+            if request.audio:
+                kwargs["audio"] = list(request.audio) if len(request.audio) > 1 else request.audio[0]
+                kwargs["sampling_rate"] = facts.sampling_rate
+            outputs = processor(text=request.text, **kwargs)
+        else:
+            outputs = processor(request.text, **kwargs)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        # Processors signal bad input with these; the message is theirs and names the problem.
+        raise errors.Unprocessable(f"the processor rejected the input: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
+        raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
+    return {name: value for name, value in dict(outputs).items() if hasattr(value, "shape")}
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def describe(outputs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: {"shape": list(tensor.shape), "dtype": _dtype_name(tensor)} for name, tensor in outputs.items()}
+
+
+def encode_json(outputs: Mapping[str, Any], model: str) -> bytes:
+    input_ids = outputs.get("input_ids")
+    answer = {
+        "model": model,
+        "input_ids": input_ids.tolist() if input_ids is not None else None,
+        "tensors": describe(outputs),
+    }
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def encode_safetensors(outputs: Mapping[str, Any], model: str) -> bytes:
+    from safetensors.torch import save
+
+    return save({name: tensor.contiguous() for name, tensor in outputs.items()}, metadata={"model": model})

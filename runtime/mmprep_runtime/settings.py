@@ -1,0 +1,137 @@
+"""Server settings: grouped, typed, with the reasons for each default.
+
+Precedence for worker counts and device: command-line flag, then environment (what the operator
+writes into the Deployment), then the runtime's own decision (``policy.decide_workers``). Nothing
+here is read at import time; ``from_args`` takes the environment as an argument so tests pass
+their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Final, Mapping
+
+from mmprep_runtime import policy
+from mmprep_runtime.loading import ModelSettings
+
+ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
+ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
+ENV_DEVICE: Final = "MMPREP_DEVICE"
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one request may ask for. Every bound keeps memory bounded under any load."""
+
+    #: 32 MiB: a few large base64 images. Bodies are held whole, so admission x this is the
+    #: worst-case request memory.
+    max_body_bytes: int = 32 * 1024 * 1024
+    #: 40 Mpx (e.g. 8000x5000): above any camera image a VLM resizes anyway; a decoded RGB image
+    #: of this size is 120 MB, and a 30000x30000 bomb is refused from its header.
+    max_image_pixels: int = 40_000_000
+    #: Images in one request; each may be up to max_image_pixels.
+    max_images: int = 16
+    #: Audio items in one request and their length (Whisper takes 30 s windows).
+    max_audio_items: int = 4
+    max_audio_seconds: float = 60.0
+    #: Characters of text; tokenizing is linear, but unbounded text is unbounded memory.
+    max_text_chars: int = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """Backpressure and deadlines."""
+
+    #: Requests admitted beyond the workers; None = 4 per processor worker, enough to keep workers
+    #: busy while requests decode, small enough that a queued request is not stale when served.
+    queue_size: int | None = None
+    #: Seconds from arrival to answer before 504.
+    deadline_s: float = 30.0
+    #: Retry-After on 429, seconds.
+    retry_after_s: int = 1
+    #: On SIGTERM, how long in-flight requests may take to finish.
+    shutdown_grace_s: float = 25.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    model: ModelSettings
+    host: str = "0.0.0.0"
+    port: int = 8080
+    #: Explicit counts (flag or env); None lets the runtime decide.
+    processor_workers: int | None = None
+    io_workers: int | None = None
+    limits: Limits = Limits()
+    load: Load = Load()
+
+
+def _env_count(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {text!r}") from None
+    if not policy.MIN_WORKERS <= value <= policy.MAX_WORKERS:
+        raise SettingsError(f"{name} must be between {policy.MIN_WORKERS} and {policy.MAX_WORKERS}, got {value}")
+    return value
+
+
+def _env_device(environ: Mapping[str, str]) -> policy.Device | None:
+    text = environ.get(ENV_DEVICE, "").strip().lower()
+    if not text:
+        return None
+    try:
+        return policy.Device(text)
+    except ValueError:
+        raise SettingsError(f"{ENV_DEVICE} must be one of auto, cpu, cuda; got {text!r}") from None
+
+
+def model_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelSettings:
+    device = policy.Device(args.device) if args.device else (_env_device(environ) or policy.Device.AUTO)
+    return ModelSettings(
+        model=args.model,
+        revision=args.revision,
+        trust_remote_code=bool(args.trust_remote_code),
+        backend=policy.Backend(args.backend) if args.backend else policy.Backend.AUTO,
+        device=device,
+    )
+
+
+def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeSettings:
+    limits = Limits()
+    load = Load()
+    overrides_limits = {
+        "max_body_bytes": args.max_body_bytes,
+        "max_image_pixels": args.max_image_pixels,
+        "max_images": args.max_images,
+    }
+    for key, value in overrides_limits.items():
+        if value is not None and value < 1:
+            raise SettingsError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    limits = dataclasses.replace(limits, **{k: v for k, v in overrides_limits.items() if v is not None})
+    if args.queue_size is not None and args.queue_size < 0:
+        raise SettingsError(f"--queue-size must be >= 0, got {args.queue_size}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise SettingsError(f"--deadline must be positive, got {args.deadline}")
+    load = dataclasses.replace(
+        load,
+        queue_size=args.queue_size if args.queue_size is not None else load.queue_size,
+        deadline_s=args.deadline if args.deadline is not None else load.deadline_s,
+    )
+    return ServeSettings(
+        model=model_settings_from_args(args, environ),
+        host=args.host,
+        port=args.port,
+        processor_workers=args.processor_workers if args.processor_workers is not None
+        else _env_count(environ, ENV_PROCESSOR_WORKERS),
+        io_workers=args.io_workers if args.io_workers is not None else _env_count(environ, ENV_IO_WORKERS),
+        limits=limits,
+        load=load,
+    )
