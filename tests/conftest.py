@@ -80,10 +80,23 @@ def crd(cluster: Cluster, kube: Kube) -> str:
     return name
 
 
+#: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3).
+OPERATOR_POLICY = """\
+defaultImage: mmprep-runtime:test
+overrides:
+- gpuProduct: NVIDIA-GB300
+  path: gpu
+  processor: 3
+"""
+
+
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """`mmprep-operator run` as a real subprocess with the admin kubeconfig, all namespaces."""
-    proc = OperatorProcess(cluster, log_dir=tmp_path_factory.mktemp("operator"))
+    log_dir = tmp_path_factory.mktemp("operator")
+    policy = log_dir / "policy.yaml"
+    policy.write_text(OPERATOR_POLICY)
+    proc = OperatorProcess(cluster, log_dir=log_dir, policy_file=policy)
     proc.start()
     yield proc
     proc.stop()

@@ -8,6 +8,8 @@ import pytest
 
 from support.kube import Cluster, Kube
 
+pytestmark = pytest.mark.cluster
+
 
 def test_the_crd_is_established_with_its_short_name_and_printer_columns(crd: str, cluster: Cluster, kube: Kube) -> None:
     obj = kube.ext.read_custom_resource_definition(crd)

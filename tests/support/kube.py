@@ -118,6 +118,17 @@ class Kube:
     def delete_mmp(self, namespace: str, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
+    def wait_mmp(
+        self, namespace: str, name: str, predicate: Callable[[dict[str, Any]], object], timeout: float, *, what: str
+    ) -> dict[str, Any]:
+        """The resource, once ``predicate(resource)`` holds."""
+
+        def check() -> dict[str, Any] | None:
+            obj = self.get_mmp(namespace, name)
+            return obj if predicate(obj) else None
+
+        return wait_for(check, timeout, what=f"{namespace}/{name}: {what}", describe=lambda: self.get_mmp(namespace, name).get("status"))
+
     def mmp_exists(self, namespace: str, name: str) -> bool:
         try:
             self.get_mmp(namespace, name)

@@ -26,9 +26,10 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, cluster: Cluster, *, log_dir: Path, extra_args: list[str] | None = None) -> None:
+    def __init__(self, cluster: Cluster, *, log_dir: Path, policy_file: Path | None = None, extra_args: list[str] | None = None) -> None:
         self.cluster = cluster
         self.log_dir = log_dir
+        self.policy_file = policy_file
         self.extra_args = list(extra_args or [])
         self.process: subprocess.Popen[bytes] | None = None
         self.health_port = 0
@@ -46,10 +47,15 @@ class OperatorProcess:
             str(exe),
             "run",
             "--all-namespaces",
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--bind-address",
+            "127.0.0.1",
             "--liveness-port",
             str(self.health_port),
             "--metrics-port",
             str(self.metrics_port),
+            *(["--policy-file", str(self.policy_file)] if self.policy_file else []),
             *self.extra_args,
         ]
 
