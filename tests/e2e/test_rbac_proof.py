@@ -1,0 +1,147 @@
+"""RBAC proven on the real local control plane: the chart's rights are enough, and no more.
+
+The chart is installed with Helm (namespace-scoped: one watched namespace). The operator then
+runs as a real process whose only credential is a TokenRequest token of the chart's
+ServiceAccount, with the policy file from the chart's ConfigMap, exactly as the chart's pod would.
+(The chart's Deployment is scaled to 0 here: this control plane runs no images; the image itself
+is run with the same token in test_docker_images.py.)
+
+What is enforced, and by what:
+- by RBAC: no Secrets anywhere; nodes read-only; nothing at all on Deployments, Jobs, Services or
+  pods outside the watched namespace; no RBAC objects (no escalation);
+- by the operator's code, not RBAC: inside a watched namespace, RBAC cannot tell the operator's
+  Deployments from others' (Kubernetes RBAC has no owner condition), so the operator only prunes
+  Deployments it owns (ownerReference with its resource's uid). Tested below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart
+from support.kube import Cluster, Kube, wait_for
+from support.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+
+class ScopedOperator(OperatorProcess):
+    """`mmprep-operator run` as the chart's pod runs it: one namespace, the chart's policy file."""
+
+    def __init__(self, cluster: Cluster, *, log_dir: Path, namespace: str, policy_file: Path) -> None:
+        super().__init__(cluster, log_dir=log_dir)
+        self.namespace = namespace
+        self.policy_file = policy_file
+
+    def command(self) -> list[str]:
+        full = super().command()
+        # Same executable and ports as the shared helper, but scoped like the chart's pod.
+        return [
+            full[0], "run", "--namespace", self.namespace, "--policy-file", str(self.policy_file),
+            "--kubeconfig", str(self.cluster.kubeconfig), "--liveness-port", str(self.health_port),
+            "--metrics-port", str(self.metrics_port), "--log-format", "text",
+        ]  # fmt: skip
+
+
+@pytest.fixture
+def other_namespace(kube: Kube) -> Iterator[str]:
+    """A namespace the operator does not watch."""
+    name = f"not-watched-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
+    yield name
+    with contextlib.suppress(ApiException):
+        kube.core.delete_namespace(name)
+
+
+def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
+    cluster: Cluster,
+    crd: str,
+    kube: Kube,
+    namespace: str,
+    other_namespace: str,
+    model_dir: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    model = model_dir("qwen2-vl")
+    with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
+        token_config = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(release.policy_text(kube))
+        sa_cluster = Cluster(kubeconfig=token_config, bin_dir=cluster.bin_dir, state_dir=cluster.state_dir)
+        operator = ScopedOperator(sa_cluster, log_dir=tmp_path, namespace=namespace, policy_file=policy)
+        operator.start()
+        try:
+            obj = full_reconcile(kube, namespace, model)
+            _operator_leaves_what_it_does_not_own(kube, namespace, obj)
+            log = operator.tail(400)
+            assert "Forbidden" not in log and " 403" not in log, f"the operator hit a permission it lacks:\n{log}"
+            # This process did the work (not some other operator watching the same cluster).
+            assert "probe job created" in log and namespace in log, log
+        finally:
+            operator.stop()
+
+        sa = api_for(token_config)
+        # Sanity: the token works, so the 403s below are RBAC answers, not a broken credential.
+        assert sa.core.list_node().items
+        assert sa.apps.list_namespaced_deployment(namespace).items
+
+        node = kube.core.list_node().items[0].metadata.name
+        foreign = foreign_deployment("not-ours", {"team": "someone-else"})
+        kube.apps.create_namespaced_deployment(other_namespace, foreign)
+        dry = "All"  # a permitted call would change nothing; a forbidden one is refused first
+        refused = {
+            "delete a node": lambda: sa.core.delete_node(node, dry_run=dry),
+            "label a node": lambda: sa.core.patch_node(node, {"metadata": {"labels": {"x": "y"}}}, dry_run=dry),
+            "list Secrets in its namespace": lambda: sa.core.list_namespaced_secret(namespace),
+            "read a Secret": lambda: sa.core.read_namespaced_secret("any", namespace),
+            "list Secrets cluster-wide": lambda: sa.core.list_secret_for_all_namespaces(),
+            "read a Deployment elsewhere": lambda: sa.apps.read_namespaced_deployment("not-ours", other_namespace),
+            "patch a Deployment elsewhere": lambda: sa.apps.patch_namespaced_deployment(
+                "not-ours", other_namespace, {"spec": {"replicas": 1}}, dry_run=dry
+            ),
+            "delete a Deployment elsewhere": lambda: sa.apps.delete_namespaced_deployment("not-ours", other_namespace, dry_run=dry),
+            "create a Deployment elsewhere": lambda: sa.apps.create_namespaced_deployment(
+                other_namespace, foreign_deployment("new", {}), dry_run=dry
+            ),
+            "create a Job elsewhere": lambda: sa.batch.list_namespaced_job(other_namespace),
+            "create a pod": lambda: sa.core.create_namespaced_pod(
+                namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="p"), spec=foreign.spec.template.spec), dry_run=dry
+            ),
+            "grant itself a role": lambda: client.RbacAuthorizationV1Api(sa.api).create_cluster_role_binding(
+                client.V1ClusterRoleBinding(
+                    metadata=client.V1ObjectMeta(name="escalate"),
+                    role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="cluster-admin"),
+                    subjects=[client.RbacV1Subject(kind="ServiceAccount", name=release.service_account, namespace=namespace)],
+                ),
+                dry_run=dry,
+            ),
+        }
+        allowed = [what for what, call in refused.items() if not forbidden(call)]
+        assert not allowed, f"the chart's ServiceAccount may: {allowed}"
+        # The foreign Deployment elsewhere is untouched.
+        assert kube.apps.read_namespaced_deployment("not-ours", other_namespace).spec.replicas == 0
+
+
+def _operator_leaves_what_it_does_not_own(kube: Kube, namespace: str, obj: dict) -> None:
+    """A Deployment carrying the resource's labels but not owned by it survives a reconcile.
+
+    RBAC allows deleting it (same namespace); the operator's prune checks ownerReferences.
+    """
+    labels = dict(kube.apps.read_namespaced_deployment(obj["status"]["pools"][0]["deployment"], namespace).metadata.labels)
+    kube.apps.create_namespaced_deployment(namespace, foreign_deployment("lookalike", labels))
+    generation = kube.patch_mmp(namespace, obj["metadata"]["name"], {"spec": {"replicas": 2}})["metadata"]["generation"]
+    wait_for(
+        lambda: (kube.get_mmp(namespace, obj["metadata"]["name"]).get("status") or {}).get("observedGeneration") == generation,
+        120,
+        what="the operator to reconcile the new generation",
+    )
+    lookalike = kube.apps.read_namespaced_deployment("lookalike", namespace)
+    assert lookalike.metadata.deletion_timestamp is None
+    assert lookalike.spec.replicas == 0 and not lookalike.metadata.owner_references
