@@ -127,7 +127,10 @@ def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
 def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, now: datetime) -> api.MultimodalPreprocessorStatus:
     previous = previous or api.MultimodalPreprocessorStatus()
     generation = obs.generation
-    pools = [_pool_status(d, obs) for d in obs.decisions]
+    planned = obs.probe is not None and obs.probe.state == "Succeeded"
+    # Without a usable probe nothing was planned and the Deployments were left as they are, so
+    # the pools they serve stay in the status (the conditions say why nothing moves).
+    pools = [_pool_status(d, obs) for d in obs.decisions] if planned else list(previous.pools)
     desired = sum(p.replicas for p in pools)
     ready = sum(p.ready_replicas for p in pools)
     current = sum(obs.deployments.get(p.deployment, DeploymentState()).replicas for p in pools)

@@ -1,0 +1,129 @@
+"""An in-memory stand-in for the API seam (``mmprep_operator.kube.KubeApi``) for reconcile tests.
+
+It keeps objects as dicts, answers like the API server where the reconciler depends on it
+(404 -> None, 409 on create, server-side apply merges into what exists), and records writes so
+tests can assert on them. It is not a Kubernetes simulator: no controllers run; tests play the
+Job controller and kubelet by editing objects.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from mmprep_operator.kube import ApiError, Conflict
+
+
+def _matches(labels: Mapping[str, str], selector: str) -> bool:
+    for part in filter(None, selector.split(",")):
+        key, _, value = part.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class FakeKubeApi:
+    def __init__(self) -> None:
+        self.resources: dict[tuple[str, str], dict[str, Any]] = {}
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name)
+        self.pods: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.status_writes = 0
+        self.applies: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
+        self.reject: dict[str, ApiError] = {}  # object name -> error on apply
+        self._version = 0
+
+    def _rv(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    # resources
+    def add_resource(self, name: str, spec: dict[str, Any], namespace: str = "ns", uid: str | None = None) -> None:
+        self.resources[(namespace, name)] = {
+            "apiVersion": "mmprep.dev/v1alpha1",
+            "kind": "MultimodalPreprocessor",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "generation": 1},
+            "spec": spec,
+        }
+
+    async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self.resources.get((namespace, name))
+        return copy.deepcopy(body) if body is not None else None
+
+    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.status_writes += 1
+        self.resources[(namespace, name)]["status"] = copy.deepcopy(dict(status))
+
+    # children
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        if meta["name"] in self.reject:
+            raise self.reject[meta["name"]]
+        key = (obj["kind"], meta["namespace"], meta["name"])
+        self.applies.append((obj["kind"], meta["name"]))
+        existing = self.objects.get(key, {})
+        merged = {**copy.deepcopy(dict(obj)), "status": existing.get("status", {})}
+        self.objects[key] = merged
+        return copy.deepcopy(merged)
+
+    def kinds(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {name: o for (k, _, name), o in self.objects.items() if k == kind}
+
+    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
+            if k == "Deployment" and ns == namespace and _matches(o["metadata"].get("labels", {}), selector)
+        ]
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+        self.objects.pop(("Deployment", namespace, name), None)
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        job = self.objects.get(("Job", namespace, name))
+        return copy.deepcopy(job) if job is not None else None
+
+    async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        meta = job["metadata"]
+        key = ("Job", meta["namespace"], meta["name"])
+        if key in self.objects:
+            raise Conflict(409, "AlreadyExists", "exists")
+        created = copy.deepcopy(dict(job))
+        created["metadata"]["resourceVersion"] = self._rv()
+        created["status"] = {}
+        self.objects[key] = created
+        return copy.deepcopy(created)
+
+    async def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]], resource_version: str) -> None:
+        job = self.objects[("Job", namespace, name)]
+        if job["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        job["metadata"]["ownerReferences"] = copy.deepcopy(owners)
+        job["metadata"]["resourceVersion"] = self._rv()
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods if _matches(p["metadata"].get("labels", {}), selector)]
+
+    async def post_event(self, event: Mapping[str, Any]) -> None:
+        self.events.append(copy.deepcopy(dict(event)))
+
+    # playing the controllers
+    def finish_job(self, name: str, message: str, *, namespace: str = "ns", succeeded: bool = True, reason: str = "") -> None:
+        job = self.objects[("Job", namespace, name)]
+        job["metadata"]["resourceVersion"] = self._rv()
+        job["status"] = {"conditions": [{"type": "Complete" if succeeded else "Failed", "status": "True", "reason": reason}]}
+        self.pods.append(
+            {
+                "metadata": {"labels": {"job-name": name}, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "status": {
+                    "phase": "Succeeded" if succeeded else "Failed",
+                    "containerStatuses": [{"name": "probe", "state": {"terminated": {"message": message}}}],
+                },
+            }
+        )
+
+    def set_ready(self, deployment: str, ready: int, namespace: str = "ns") -> None:
+        dep = self.objects[("Deployment", namespace, deployment)]
+        dep["status"] = {"replicas": dep["spec"]["replicas"], "readyReplicas": ready}

@@ -1,0 +1,140 @@
+"""Watch events become queued reconciles only when something that matters changed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import H200
+from mmprep_operator.controller import Controller
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.reconcile import Outcome
+from mmprep_operator.workqueue import Backoff, WorkQueue
+
+
+def node(labels: dict, heartbeat: str = "t0", gpus: str = "8") -> dict:
+    return {
+        "metadata": {"name": "n1", "labels": labels},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": [{"type": "Ready", "lastHeartbeatTime": heartbeat}]},
+    }
+
+
+def resource(name: str = "m", generation: int = 1, annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": "u", "generation": generation, "annotations": annotations or {}}}
+
+
+def queued(controller: Controller) -> list:
+    out = []
+    while len(controller.queue):
+        key = controller.queue._queue.get_nowait()
+        controller.queue._pending.discard(key)
+        out.append(key)
+    return out
+
+
+async def test_resource_events_queue_on_generation_and_reprobe_not_on_status() -> None:
+    c = Controller(metrics=Metrics())
+    c.resource_event(None, resource())
+    assert queued(c) == [("ns", "m")]
+    c.resource_event("MODIFIED", resource())  # our own status write: same generation
+    assert queued(c) == []
+    c.resource_event("MODIFIED", resource(generation=2))
+    c.resource_event("MODIFIED", resource(generation=2, annotations={"mmprep.dev/reprobe": "1"}))
+    assert queued(c) == [("ns", "m")]  # de-duplicated
+    c.resource_event("DELETED", resource(generation=2))
+    c.requeue_all()
+    assert queued(c) == []
+
+
+async def test_node_heartbeats_are_ignored_label_and_capacity_changes_requeue_everything() -> None:
+    c = Controller(metrics=Metrics())
+    c.resource_event(None, resource("a"))
+    c.resource_event(None, resource("b"))
+    queued(c)
+    c.node_event(None, node(H200))
+    assert sorted(queued(c)) == [("ns", "a"), ("ns", "b")]
+    c.node_event("MODIFIED", node(H200, heartbeat="t1"))
+    assert queued(c) == []
+    c.node_event("MODIFIED", node({**H200, "nvidia.com/gpu.product": "NVIDIA-B200"}, heartbeat="t2"))
+    assert len(queued(c)) == 2
+    c.node_event("MODIFIED", node({**H200, "nvidia.com/gpu.product": "NVIDIA-B200"}, gpus="0"))
+    assert len(queued(c)) == 2
+    c.node_event("DELETED", node({}))
+    assert len(queued(c)) == 2
+
+
+async def test_child_events_wake_the_owner_when_readiness_changes() -> None:
+    c = Controller(metrics=Metrics())
+    c.resource_event(None, resource("m"))
+    queued(c)
+    owner = [{"apiVersion": "mmprep.dev/v1alpha1", "kind": "MultimodalPreprocessor", "name": "m"}]
+    dep = {"metadata": {"name": "d", "namespace": "ns", "ownerReferences": owner}, "spec": {"replicas": 2}, "status": {"readyReplicas": 1}}
+    c.child_event("Deployment", None, dep)
+    assert queued(c) == [("ns", "m")]
+    c.child_event("Deployment", "MODIFIED", dep)
+    assert queued(c) == []
+    c.child_event("Deployment", "MODIFIED", {**dep, "status": {"readyReplicas": 2}})
+    assert queued(c) == [("ns", "m")]
+    c.child_event("Deployment", "DELETED", dep)
+    assert queued(c) == [("ns", "m")]
+    job = {"metadata": {"name": "mmprep-probe-x", "namespace": "ns"}, "status": {"active": 1}}
+    c.child_event("Job", None, job)
+    assert queued(c) == [("ns", "m")]
+
+
+async def test_queue_parks_a_key_added_while_it_is_processed() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("k")
+    assert await q.get() == "k"
+    q.add("k")  # an event during the reconcile
+    assert len(q) == 0
+    q.done("k")
+    assert len(q) == 1 and await q.get() == "k"
+
+
+async def test_delayed_add_keeps_the_earliest_timer() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_after("k", 30)
+    q.add_after("k", 0.01)
+    q.add_after("k", 60)
+    assert await asyncio.wait_for(q.get(), timeout=5) == "k"
+    q.close()
+
+
+def test_backoff_grows_to_a_cap_and_resets() -> None:
+    b: Backoff[str] = Backoff(base=1, cap=10)
+    assert [b.next("k") for _ in range(6)] == [1, 2, 4, 8, 10, 10]
+    b.reset("k")
+    assert b.next("k") == 1
+
+
+class ScriptedReconciler:
+    """Fails the first reconcile of a key, then succeeds; records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.done = asyncio.Event()
+
+    async def reconcile(self, namespace: str, name: str) -> Outcome:
+        self.calls.append((namespace, name))
+        if len(self.calls) == 1:
+            raise RuntimeError("boom")
+        self.done.set()
+        return Outcome("done")
+
+
+async def test_a_failing_reconcile_is_retried_with_backoff_and_counted() -> None:
+    metrics = Metrics()
+    c = Controller(metrics=metrics, workers=1, backoff=Backoff(base=0.01, cap=0.05))
+    scripted = ScriptedReconciler()
+    c.start(scripted)  # type: ignore[arg-type]
+    try:
+        c.resource_event(None, resource())
+        await asyncio.wait_for(scripted.done.wait(), timeout=5)
+        assert scripted.calls == [("ns", "m"), ("ns", "m")]
+        assert c.healthy()
+        assert metrics.reconciles.labels("error")._value.get() == 1
+        assert metrics.reconciles.labels("done")._value.get() == 1
+    finally:
+        await c.stop()
+    assert not c.healthy()

@@ -1,0 +1,181 @@
+"""One reconcile, end to end over the pure modules, against the in-memory API fake."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from conftest import GB300, H200, make_node
+from fake_kube import FakeKubeApi
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.kube import ApiError
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.reconcile import Reconciler
+
+PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "declared_workers": 2, "processor_class": "P"})
+GPU_SPEC = {"model": {"path": "/models/m"}, "replicas": 3, "resources": {"limits": {"nvidia.com/gpu": 1}}}
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.api = FakeKubeApi()
+        self.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", GB300, gpus=4)]
+        self.metrics = Metrics()
+        self.now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        self.reconciler = Reconciler(api=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
+
+    async def reconcile(self, name: str = "m"):
+        return await self.reconciler.reconcile("ns", name)
+
+    def status(self, name: str = "m") -> dict:
+        return self.api.resources[("ns", name)]["status"]
+
+    def condition(self, type_: str, name: str = "m") -> tuple[str, str]:
+        c = next(c for c in self.status(name)["conditions"] if c["type"] == type_)
+        return c["status"], c["reason"]
+
+    def job_name(self) -> str:
+        (name,) = self.api.kinds("Job")
+        return name
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster()
+
+
+async def test_first_reconcile_starts_a_probe_and_waits(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    outcome = await cluster.reconcile()
+    assert outcome.kind == "waiting" and outcome.requeue_after == 330
+    job = cluster.api.objects[("Job", "ns", cluster.job_name())]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
+    assert cluster.condition("Probed") == ("False", "ProbePending")
+    assert cluster.api.kinds("Deployment") == {}
+    assert cluster.metrics.probe_jobs._value.get() == 1
+
+
+async def test_probe_answer_leads_to_one_deployment_per_pool_and_events(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    assert (await cluster.reconcile()).kind == "done"
+    deployments = cluster.api.kinds("Deployment")
+    assert sorted(deployments) == ["m-nvidia-gb300", "m-nvidia-h200-141gb-hbm3e"]
+    assert [d["spec"]["replicas"] for _, d in sorted(deployments.items())] == [1, 2]
+    assert "m" in cluster.api.kinds("Service")
+    st = cluster.status()
+    assert [(p["name"], p["path"], p["processorWorkers"], p["reason"]) for p in st["pools"]] == [
+        ("nvidia-gb300", "gpu", 1, "GPUPathCap"),
+        ("nvidia-h200-141gb-hbm3e", "gpu", 1, "GPUPathCap"),
+    ]
+    assert st["probe"]["result"]["declaredWorkers"] == 2
+    assert cluster.condition("Probed") == ("True", "ProbeSucceeded")
+    assert cluster.condition("Ready") == ("False", "ReplicasNotReady")
+    reasons = [e["reason"] for e in cluster.api.events]
+    assert reasons.count("Decided") == 2 and "ProbeSucceeded" in reasons
+    assert all(e["involvedObject"]["uid"] == "uid-m" for e in cluster.api.events)
+
+    for name in deployments:
+        cluster.api.set_ready(name, cluster.api.objects[("Deployment", "ns", name)]["spec"]["replicas"])
+    await cluster.reconcile()
+    assert cluster.condition("Ready") == ("True", "AllReplicasReady")
+    assert cluster.status()["readySummary"] == "3/3"
+
+
+async def test_nothing_changed_means_no_status_write(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    writes, events = cluster.api.status_writes, len(cluster.api.events)
+    cluster.now += dt.timedelta(minutes=1)
+    await cluster.reconcile()
+    assert (cluster.api.status_writes, len(cluster.api.events)) == (writes, events)
+
+
+async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployment(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    cluster.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", H200, gpus=4)]
+    await cluster.reconcile()
+    assert sorted(cluster.api.kinds("Deployment")) == ["m-nvidia-h200-141gb-hbm3e"]
+    assert cluster.api.deleted == ["m-nvidia-gb300"]
+    assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
+    assert "PoolRemoved" in [e["reason"] for e in cluster.api.events]
+
+
+async def test_resources_with_the_same_model_share_one_probe(cluster: Cluster) -> None:
+    cluster.api.add_resource("a", GPU_SPEC)
+    cluster.api.add_resource("b", {**GPU_SPEC, "replicas": 1})
+    await cluster.reconcile("a")
+    await cluster.reconcile("b")
+    (job,) = cluster.api.kinds("Job").values()
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == ["uid-a", "uid-b"]
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile("a")
+    cluster.api.add_resource("c", GPU_SPEC)  # arrives after the answer: served from the cache
+    await cluster.reconcile("c")
+    await cluster.reconcile("b")
+    assert len(cluster.api.kinds("Job")) == 1
+    assert cluster.metrics.probe_jobs._value.get() == 1
+    for name in "abc":
+        assert cluster.condition("Probed", name) == ("True", "ProbeSucceeded")
+
+
+async def test_a_model_that_does_not_load_is_reported_once_and_not_retried(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    job = cluster.job_name()
+    cluster.api.finish_job(job, json.dumps({"cloneable": False, "error": "OSError: no processor"}), succeeded=False, reason="BackoffLimitExceeded")
+    assert (await cluster.reconcile()).kind == "waiting"
+    assert cluster.condition("Degraded") == ("True", "ProbeFailed")
+    assert cluster.api.kinds("Deployment") == {}
+    assert "OSError: no processor" in cluster.status()["probe"]["message"]
+    del cluster.api.objects[("Job", "ns", job)]  # its TTL ran out
+    outcome = await cluster.reconcile()
+    assert outcome.kind == "waiting" and outcome.requeue_after is None
+    assert cluster.api.kinds("Job") == {}  # no retry storm
+    assert [e["reason"] for e in cluster.api.events].count("ProbeFailed") == 1
+
+
+async def test_a_rejected_child_becomes_apply_failed(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    cluster.api.reject["m-nvidia-gb300"] = ApiError(422, "Invalid", 'Deployment.apps "m-nvidia-gb300" is invalid: volume x')
+    assert (await cluster.reconcile()).kind == "error"
+    assert cluster.condition("Degraded") == ("True", "ApplyFailed")
+    assert "volume x" in next(c["message"] for c in cluster.status()["conditions"] if c["type"] == "Degraded")
+
+
+async def test_transient_api_errors_propagate_for_backoff(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    cluster.api.reject["m-nvidia-gb300"] = ApiError(503, "ServiceUnavailable", "etcd is slow")
+    with pytest.raises(ApiError):
+        await cluster.reconcile()
+
+
+async def test_no_gpu_pool_and_a_missing_resource(cluster: Cluster) -> None:
+    cluster.nodes = [make_node("cpu-a"), make_node("cpu-b")]
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    assert cluster.condition("Degraded") == ("True", "NoGPUPool")
+    assert cluster.condition("Ready")[0] == "False"
+    assert (await cluster.reconcile("absent")).kind == "gone"
+
+
+async def test_an_invalid_spec_is_reported_not_raised(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", {"model": {"path": "/m", "id": "a/b"}})
+    assert (await cluster.reconcile()).kind == "invalid"
+    status, reason = cluster.condition("Degraded")
+    assert (status, reason) == ("True", "InvalidSpec")
+    assert cluster.api.kinds("Job") == {}
