@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import os
@@ -24,9 +23,8 @@ import threading
 import time
 from typing import Any, Callable, Final
 
-import numpy as np
 
-from mmprep_runtime import decoding, engine, loading, pipeline, versions
+from mmprep_runtime import decoding, engine, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = 2
@@ -59,32 +57,6 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
-def synthetic_jpeg(width: int, height: int, seed: int = 0) -> bytes:
-    """A photo-like JPEG: smooth gradients plus noise, so decode and resize costs are realistic."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
-    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def synthetic_wav(seconds: float = 5.0, rate: int = 16000) -> bytes:
-    import wave
-
-    samples = (np.sin(np.linspace(0, 440 * 2 * math.pi * seconds, int(rate * seconds))) * 8000).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(samples.tobytes())
-    return buffer.getvalue()
-
-
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What one job does: build the request (decoding or not), then run the processor."""
@@ -108,12 +80,12 @@ def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode:
     images: tuple[Any, ...] = ()
     audio: tuple[Any, ...] = ()
     if facts.takes_images:
-        jpeg = synthetic_jpeg(*size)
+        jpeg = testing_media.jpeg(*size)
         images = (decoding.decode_image(jpeg, "image", max_pixels=Limits().max_image_pixels),)
         if facts.image_token:
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:
-        audio = (decoding.decode_wav(synthetic_wav(), "audio", target_rate=facts.sampling_rate or 16000,
+        audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000,
                                      max_seconds=60),)
     return Workload(facts, pipeline.PreprocessRequest(text, images, audio), jpeg, decode)
 

@@ -6,7 +6,6 @@ classes, a tokenizer trained with ``tokenizers``) and loaded the way a server lo
 
 from __future__ import annotations
 
-import io
 import pathlib
 from typing import Callable
 
@@ -60,34 +59,3 @@ def tokenizer_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def uncloneable_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
     return model_factory("uncloneable")
-
-
-def jpeg_bytes(width: int = 64, height: int = 48, color: tuple[int, int, int] = (200, 30, 60)) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="JPEG")
-    return buffer.getvalue()
-
-
-def png_bytes(width: int = 64, height: int = 48) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (10, 120, 60)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def wav_bytes(seconds: float = 0.5, rate: int = 16000) -> bytes:
-    import wave
-
-    import numpy as np
-
-    samples = (np.sin(np.linspace(0, 440 * 2 * np.pi * seconds, int(rate * seconds))) * 8000).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(samples.tobytes())
-    return buffer.getvalue()

@@ -1,0 +1,184 @@
+"""The runtime's own decision on real processors, the decision table, settings precedence, CPUs."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import pytest
+
+from mmprep_runtime import cli, cpus, engine, loading, policy, settings
+from mmprep_runtime.policy import Backend, Device, Path, Reason
+
+
+def _start(folder: pathlib.Path, **kwargs) -> engine.Engine:
+    trust = kwargs.pop("trust_remote_code", False)
+    backend = kwargs.pop("backend", Backend.AUTO)
+    model = loading.ModelSettings(str(folder), trust_remote_code=trust, backend=backend, device=Device.CPU)
+    return engine.start_engine(model, **kwargs)
+
+
+@pytest.fixture
+def started():
+    engines: list[engine.Engine] = []
+
+    def start(folder, **kwargs):
+        engines.append(_start(folder, **kwargs))
+        return engines[-1]
+
+    yield start
+    for running in engines:
+        running.close(timeout=30)
+
+
+def test_a_cpu_processor_without_declaration_gets_the_cpu_default(started, llava_dir):
+    running = started(llava_dir)
+    assert (running.decision.path, running.decision.processor_workers) == (Path.CPU, 2)
+    assert running.decision.reason is Reason.CPU_PATH_DEFAULT
+    assert running.pool.workers == 2 and len(running.pool.clone_seconds) == 2, "warm before ready"
+
+
+def test_a_declared_count_is_used_on_the_cpu_path(started, model_factory):
+    running = started(model_factory("llava", declared_workers=5))
+    assert running.decision.processor_workers == 5
+    assert running.decision.reason is Reason.MODEL_DECLARED
+    assert running.intra_op_threads == max(1, cpus.usable_cpus() // 5)
+
+
+def test_an_explicit_count_wins_over_the_declaration(started, model_factory):
+    running = started(model_factory("llava", declared_workers=5), processor_workers=3, io_workers=2)
+    assert (running.decision.processor_workers, running.decision.reason) == (3, Reason.EXPLICIT)
+    assert running.decision.io_workers == 2
+
+
+def test_an_uncloneable_processor_falls_back_to_one_worker_and_says_why(started, uncloneable_dir):
+    running = started(uncloneable_dir, trust_remote_code=True, processor_workers=4)
+    info = running.info()
+    assert running.pool.workers == 1
+    assert info["workers"]["reason"] == "NotCloneable"
+    assert info["workers"]["explicit_not_honoured"] == 4
+    assert info["cloneable"] is False
+    assert "cannot be copied" in info["clone_error"]
+    assert "4 workers were asked for" in info["workers"]["message"]
+
+
+def test_remote_code_is_refused_without_trust(uncloneable_dir):
+    with pytest.raises(loading.ModelLoadError, match="trust_remote_code"):
+        _start(uncloneable_dir)
+
+
+def test_the_backend_flag_swaps_the_image_processor_and_the_info_says_so(started, qwen_dir):
+    running = started(qwen_dir, backend=Backend.PIL)
+    assert running.facts.image_processor_class == "Qwen2VLImageProcessorPil"
+    assert running.facts.fast_image_processor is False
+    assert running.info()["backend"] == "pil"
+
+
+def test_a_folder_built_for_pil_loads_the_pil_backend(model_factory):
+    _, facts = loading.load_processor(loading.ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
+    assert facts.backend == "pil"
+
+
+def test_a_missing_folder_is_a_clear_load_error(tmp_path):
+    with pytest.raises(loading.ModelLoadError, match="does not exist"):
+        loading.load_processor(loading.ModelSettings(str(tmp_path / "nope")))
+
+
+def test_asking_for_cuda_without_cuda_is_an_error(monkeypatch):
+    monkeypatch.setattr(loading, "cuda_available", lambda: False)
+    with pytest.raises(loading.ModelLoadError, match="CUDA is not available"):
+        engine.resolve_device(Device.CUDA)
+    assert engine.resolve_device(Device.AUTO) == ("cpu", False)
+
+
+# -- the decision table, as the runtime uses it (path from the processor's facts) ------------------
+
+
+def _decide(*, gpu: bool, backend: str = "torchvision", fast: bool = True, declared=None, explicit=None,
+            cloneable: bool = True):
+    path = policy.decide_path(gpu_available=gpu, backend=backend, fast_image_processor=fast)
+    return policy.decide_workers(path=path, cloneable=cloneable, explicit=explicit, declared=declared)
+
+
+@pytest.mark.parametrize(
+    ("case", "kwargs", "workers", "reason"),
+    [
+        ("CPU, nothing declared", {"gpu": False}, 2, Reason.CPU_PATH_DEFAULT),
+        ("CUDA, nothing declared", {"gpu": True}, 1, Reason.GPU_PATH_CAP),
+        ("CUDA but PIL backend", {"gpu": True, "backend": "pil", "fast": False}, 2, Reason.CPU_PATH_DEFAULT),
+        ("CUDA, audio processor", {"gpu": True, "backend": "auto", "fast": False}, 2, Reason.CPU_PATH_DEFAULT),
+        ("CPU, declared 5", {"gpu": False, "declared": 5}, 5, Reason.MODEL_DECLARED),
+        ("CUDA, declared 5", {"gpu": True, "declared": 5}, 1, Reason.GPU_PATH_CAP),
+        ("explicit beats the GPU path", {"gpu": True, "declared": 5, "explicit": 3}, 3, Reason.EXPLICIT),
+        ("explicit beats a declaration", {"gpu": False, "declared": 5, "explicit": 3}, 3, Reason.EXPLICIT),
+        ("not cloneable caps explicit", {"gpu": False, "explicit": 3, "cloneable": False}, 1, Reason.NOT_CLONEABLE),
+    ],
+)
+def test_decision_table(case, kwargs, workers, reason):
+    decision = _decide(**kwargs)
+    assert (decision.processor_workers, decision.reason) == (workers, reason), case
+
+
+# -- settings precedence: flag > env > own decision --------------------------------------------------
+
+
+def _serve_args(*extra: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", "--model", "m", *extra])
+
+
+def test_env_sets_workers_and_device_and_flags_override_env():
+    env = {"MMPREP_PROCESSOR_WORKERS": "3", "MMPREP_IO_WORKERS": "6", "MMPREP_DEVICE": "cpu"}
+    from_env = settings.serve_settings_from_args(_serve_args(), env)
+    assert (from_env.processor_workers, from_env.io_workers, from_env.model.device) == (3, 6, Device.CPU)
+    flagged = settings.serve_settings_from_args(
+        _serve_args("--processor-workers", "5", "--io-workers", "2", "--device", "auto"), env
+    )
+    assert (flagged.processor_workers, flagged.io_workers, flagged.model.device) == (5, 2, Device.AUTO)
+    assert settings.serve_settings_from_args(_serve_args(), {}).processor_workers is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MMPREP_PROCESSOR_WORKERS": "two"}, "must be an integer"),
+        ({"MMPREP_IO_WORKERS": "0"}, "between 1 and 64"),
+        ({"MMPREP_DEVICE": "tpu"}, "auto, cpu, cuda"),
+    ],
+)
+def test_bad_env_values_are_clear_errors(env, message):
+    with pytest.raises(settings.SettingsError, match=message):
+        settings.serve_settings_from_args(_serve_args(), env)
+
+
+# -- CPUs the process may use ----------------------------------------------------------------------
+
+
+def test_cgroup_v2_quota_is_read(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpus.cgroup_quota_cpus(tmp_path / "cpu.max", tmp_path / "none", tmp_path / "none") == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpus.cgroup_quota_cpus(tmp_path / "cpu.max", tmp_path / "none", tmp_path / "none") is None
+
+
+def test_cgroup_v1_quota_is_read(tmp_path):
+    (tmp_path / "quota").write_text("300000\n")
+    (tmp_path / "period").write_text("100000\n")
+    assert cpus.cgroup_quota_cpus(tmp_path / "none", tmp_path / "quota", tmp_path / "period") == 3.0
+    (tmp_path / "quota").write_text("-1\n")
+    assert cpus.cgroup_quota_cpus(tmp_path / "none", tmp_path / "quota", tmp_path / "period") is None
+
+
+def test_usable_cpus_is_the_smaller_of_affinity_and_quota(monkeypatch):
+    monkeypatch.setattr(cpus, "affinity_cpus", lambda: 8)
+    monkeypatch.setattr(cpus, "cgroup_quota_cpus", lambda: 2.5)
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus, "cgroup_quota_cpus", lambda: 0.5)
+    assert cpus.usable_cpus() == 1
+    monkeypatch.setattr(cpus, "cgroup_quota_cpus", lambda: None)
+    assert cpus.usable_cpus() == 8
+
+
+@pytest.mark.parametrize(("workers", "cpu_count", "threads"), [(1, 2, 2), (2, 2, 1), (4, 2, 1), (2, 8, 4), (3, 8, 2)])
+def test_workers_times_threads_never_exceeds_the_cpus(workers, cpu_count, threads):
+    assert cpus.intra_op_threads(workers, cpu_count) == threads
+    assert workers * threads <= max(cpu_count, workers)

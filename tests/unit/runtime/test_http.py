@@ -1,0 +1,294 @@
+"""The HTTP API end to end on a real port: real processors, real sockets, a real client.
+
+Every bad input gets its 4xx JSON error naming the problem, and a good request right after it
+succeeds: the pool keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import struct
+import threading
+import zlib
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from mmprep_runtime import loading, server, testing_models
+from mmprep_runtime.testing_media import jpeg as jpeg_bytes
+from mmprep_runtime.testing_media import png as png_bytes
+from mmprep_runtime.testing_media import wav as wav_bytes
+from mmprep_runtime.policy import Backend, Device
+from mmprep_runtime.settings import Limits, Load, ServeSettings
+
+
+TIMEOUT = 60
+QWEN_TEXT = f"Describe {testing_models.QWEN_IMAGE_PLACEHOLDER} please"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@dataclasses.dataclass
+class Running:
+    url: str
+    app: web.Application
+    client: aiohttp.ClientSession
+
+    @property
+    def state(self) -> server.ServerState:
+        return self.app[server.STATE]
+
+    async def post(self, payload: Any = None, *, data: bytes | None = None, headers=None, query: str = ""):
+        if data is None:
+            data = __import__("json").dumps(payload).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        async with self.client.post(f"{self.url}/v1/preprocess{query}", data=data, headers=headers) as response:
+            body = await response.read()
+            return response.status, dict(response.headers), body
+
+    async def json(self, path: str) -> tuple[int, Any]:
+        async with self.client.get(f"{self.url}{path}") as response:
+            return response.status, await response.json()
+
+
+Starter = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[Starter]:
+    runners: list[web.AppRunner] = []
+    clients: list[aiohttp.ClientSession] = []
+
+    async def start(folder, *, workers: int | None = 1, limits: Limits = Limits(), load: Load = Load(),
+                    trust_remote_code: bool = False, backend: Backend = Backend.AUTO) -> Running:
+        settings = ServeSettings(
+            model=loading.ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend,
+                                        device=Device.CPU),
+            host="127.0.0.1",
+            port=0,
+            processor_workers=workers,
+            io_workers=2,
+            limits=limits,
+            load=load,
+        )
+        app = server.create_app(settings)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        clients.append(client)
+        await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
+        return Running(f"http://{host}:{port}", app, client)
+
+    yield start
+    for client in clients:
+        await client.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def test_qwen_end_to_end_json_and_safetensors(start_server, qwen_dir):
+    from safetensors.torch import load
+
+    running = await start_server(qwen_dir, workers=2)
+    assert await running.json("/healthz") == (200, {"status": "ok"})
+    assert await running.json("/readyz") == (200, {"ready": True})
+    payload = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(112, 84))]}
+    status, headers, body = await running.post(payload)
+    assert status == 200, body
+    answer = __import__("json").loads(body)
+    tensors = answer["tensors"]
+    assert tensors["pixel_values"]["dtype"] == "float32" and tensors["pixel_values"]["shape"][1] == 1176
+    assert tensors["image_grid_thw"]["shape"] == [1, 3]
+    assert len(answer["input_ids"][0]) == tensors["input_ids"]["shape"][1]
+
+    status, headers, body = await running.post(payload, query="?format=safetensors")
+    assert status == 200 and headers["Content-Type"] == "application/octet-stream"
+    loaded = load(body)
+    assert list(loaded["pixel_values"].shape) == tensors["pixel_values"]["shape"]
+    status, headers, body = await running.post(payload, headers={"Accept": "application/octet-stream"})
+    assert status == 200 and load(body)["input_ids"].tolist() == answer["input_ids"]
+
+    status, info = await running.json("/v1/info")
+    assert status == 200
+    assert info["processor_class"] == "Qwen2VLProcessor" and info["path"] == "cpu"
+    assert info["workers"]["processor"] == 2 and info["workers"]["reason"] == "Explicit"
+    assert info["cloneable"] is True and info["clone_seconds"] >= 0
+
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert 'mmprep_requests_total{outcome="ok"} 3.0' in metrics
+    assert "mmprep_processor_workers 2.0" in metrics
+    assert "mmprep_processing_seconds_count" in metrics and "mmprep_queue_wait_seconds_bucket" in metrics
+    assert "mmprep_clone_seconds " in metrics and "mmprep_workers_busy_fraction" in metrics
+
+
+async def test_pil_backend_serves_the_same_shapes(start_server, qwen_dir):
+    running = await start_server(qwen_dir, backend=Backend.PIL)
+    status, _, body = await running.post({"text": QWEN_TEXT, "images": [b64(png_bytes(112, 84))]})
+    assert status == 200, body
+    assert (await running.json("/v1/info"))[1]["image_processor_class"] == "Qwen2VLImageProcessorPil"
+
+
+async def test_llava_whisper_and_a_bare_tokenizer_are_served(start_server, llava_dir, whisper_dir, tokenizer_dir):
+    llava = await start_server(llava_dir)
+    status, _, body = await llava.post({"text": "what is <image>?", "images": [b64(jpeg_bytes())]})
+    assert status == 200, body
+    assert __import__("json").loads(body)["tensors"]["pixel_values"]["shape"] == [1, 3, 224, 224]
+
+    whisper = await start_server(whisper_dir)
+    status, _, body = await whisper.post({"text": "hello", "audio": [b64(wav_bytes(rate=8000))]})
+    assert status == 200, body
+    assert __import__("json").loads(body)["tensors"]["input_features"]["shape"] == [1, 80, 3000]
+
+    bare = await start_server(tokenizer_dir)
+    status, _, body = await bare.post({"text": "a cat on a mat"})
+    assert status == 200, body
+    assert __import__("json").loads(body)["input_ids"]
+    status, _, body = await bare.post({"text": "x", "images": [b64(jpeg_bytes())]})
+    assert status == 422 and b"takes no images" in body
+
+
+def _png_bomb(side: int = 30000) -> bytes:
+    """A real decompression bomb: a 30000x30000 1-bit PNG of about 100 KB."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" * (1 + side // 8)
+    compressor = zlib.compressobj(9)
+    data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+
+
+def _medium_png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (3000, 2000), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+BAD_INPUTS = [
+    ("invalid JSON", {"data": b'{"text": "x",'}, 400, "not valid JSON"),
+    ("not an object", {"payload": ["text"]}, 400, "must be a JSON object"),
+    ("missing text", {"payload": {"images": []}}, 400, "missing 'text'"),
+    ("text of the wrong type", {"payload": {"text": 5}}, 400, "'text' must be a string"),
+    ("images of the wrong type", {"payload": {"text": "x", "images": 7}}, 400, "must be a list"),
+    ("image item of the wrong type", {"payload": {"text": QWEN_TEXT, "images": [1]}}, 400, "images[0]"),
+    ("unknown field", {"payload": {"text": "x", "imgs": []}}, 400, "unknown field(s) imgs"),
+    ("base64 that is not base64", {"payload": {"text": QWEN_TEXT, "images": ["%%%"]}}, 400, "not valid base64"),
+    ("base64 that is not an image", {"payload": {"text": QWEN_TEXT, "images": [b64(b"hello world")]}}, 400,
+     "not an image"),
+    ("a truncated image", {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(200, 150)[:700])]}}, 400,
+     "could not be decoded"),
+    ("a decompression bomb", {"payload": {"text": QWEN_TEXT, "images": [b64(_png_bomb())]}}, 413, "too large"),
+    ("an image over the pixel cap", {"payload": {"text": QWEN_TEXT, "images": [b64(_medium_png())]}}, 413,
+     "over the limit of 5000000"),
+    ("more images than placeholders",
+     {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes()), b64(jpeg_bytes())]}}, 422,
+     "1 image placeholder(s)"),
+    ("more placeholders than images", {"payload": {"text": QWEN_TEXT + QWEN_TEXT, "images": [b64(jpeg_bytes())]}},
+     422, "2 image placeholder(s)"),
+    ("audio to an image processor", {"payload": {"text": "x", "audio": [b64(wav_bytes())]}}, 422, "takes no audio"),
+    ("an image the processor rejects",
+     {"payload": {"text": QWEN_TEXT, "images": [b64(png_bytes(2, 600))]}}, 422, "processor rejected the input"),
+    ("a body over the size limit", {"data": b'{"text": "' + b"x" * 300_000 + b'"}'}, 413, "over the limit"),
+    ("an unsupported content type", {"data": b"text=x", "headers": {"Content-Type": "text/plain"}}, 415,
+     "Content-Type must be application/json"),
+    ("an unknown answer format", {"payload": {"text": "x"}, "query": "?format=xml"}, 400, "format must be"),
+    ("an unacceptable Accept", {"payload": {"text": "x"}, "headers": {"Accept": "image/png"}}, 406, "cannot answer"),
+]
+
+
+async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start_server, qwen_dir):
+    running = await start_server(qwen_dir, limits=Limits(max_body_bytes=200_000, max_image_pixels=5_000_000))
+    good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
+    for case, request, expected_status, fragment in BAD_INPUTS:
+        status, headers, body = await running.post(
+            request.get("payload"), data=request.get("data"), headers=request.get("headers"),
+            query=request.get("query", ""),
+        )
+        assert status == expected_status, (case, body)
+        error = __import__("json").loads(body)["error"]
+        assert fragment in error["message"], (case, error)
+        assert error["status"] == expected_status
+        good_status, _, good_body = await running.post(good)
+        assert good_status == 200, (f"after {case}", good_body)
+    status, _ = await running.json("/readyz")
+    assert status == 200
+
+
+async def test_a_full_queue_answers_429_with_retry_after(start_server, qwen_dir):
+    running = await start_server(qwen_dir, workers=1, load=Load(queue_size=0, retry_after_s=3))
+    engine = running.state.engine
+    release = threading.Event()
+    blocker = engine.pool.submit(lambda processor: release.wait(TIMEOUT))  # the only worker is busy
+    good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
+    first = asyncio.create_task(running.post(good))
+    await _until(lambda: running.state.admission.in_flight == 1)
+    status, headers, body = await running.post(good)
+    assert status == 429 and headers["Retry-After"] == "3", body
+    assert b"request slots are taken" in body
+    release.set()
+    blocker.result(TIMEOUT)
+    assert (await first)[0] == 200
+    assert (await running.post(good))[0] == 200
+
+
+async def test_a_request_past_its_deadline_answers_504_and_its_job_is_dropped(start_server, qwen_dir):
+    running = await start_server(qwen_dir, workers=1, load=Load(deadline_s=0.5))
+    engine = running.state.engine
+    release = threading.Event()
+    blocker = engine.pool.submit(lambda processor: release.wait(TIMEOUT))
+    good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
+    status, _, body = await running.post(good)
+    assert status == 504 and b"deadline" in body
+    release.set()
+    blocker.result(TIMEOUT)
+    assert (await running.post(good))[0] == 200
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert 'mmprep_requests_total{outcome="deadline_exceeded"} 1.0' in metrics
+    # the dropped job never ran: only the blocker and the good request were processed
+    assert "mmprep_processing_seconds_count 2.0" in metrics
+
+
+async def test_an_uncloneable_processor_serves_on_one_worker_and_reports_it(start_server, uncloneable_dir):
+    running = await start_server(uncloneable_dir, workers=3, trust_remote_code=True)
+    status, _, body = await running.post({"text": "what is <image>?", "images": [b64(jpeg_bytes())]})
+    assert status == 200, body
+    status, info = await running.json("/v1/info")
+    assert info["workers"]["processor"] == 1 and info["workers"]["reason"] == "NotCloneable"
+    assert info["workers"]["explicit_not_honoured"] == 3 and info["cloneable"] is False
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert "mmprep_processor_cloneable 0.0" in metrics and 'reason="NotCloneable"' in metrics
+
+
+async def test_a_processor_that_cannot_load_reports_unhealthy(start_server, uncloneable_dir):
+    running = await start_server(uncloneable_dir)  # remote code, not trusted
+    status, body = await running.json("/healthz")
+    assert status == 500 and "trust_remote_code" in body["error"]
+    assert (await running.json("/readyz"))[0] == 503
+    status, _, body = await running.post({"text": "x"})
+    assert status == 503 and b"not ready" in body
+
+
+async def _until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    async def wait() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(wait(), timeout)
