@@ -34,3 +34,7 @@ cluster-down:
 
 cluster-status:
 	hack/cluster-status.sh
+
+# Quick start, part one: cluster + CRD + operator + example resources, then their decisions.
+demo: venv
+	hack/demo.sh

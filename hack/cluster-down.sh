@@ -18,7 +18,8 @@ stop() {  # component [grace-seconds]: SIGTERM, then SIGKILL when it outlives th
 }
 
 # Reverse start order: clients first, so nothing logs errors about a vanished apiserver or etcd.
-# The agent first, with time to stop the processes of the pods it runs.
+# The demo's operator, then the agent with time to stop the processes of the pods it runs.
+stop operator 10
 stop agent 20
 for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop "${COMPONENTS[$i]}"; done
 if [ -d "$CLUSTER_DIR" ]; then

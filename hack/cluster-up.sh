@@ -80,16 +80,6 @@ start() {  # component args...: runs detached (own session) so it outlives this 
   echo $! >"$CLUSTER_DIR/run/$name.pid"
 }
 
-wait_until() {  # what timeout-seconds command...: polls a condition, fails with the log to read
-  local what=$1 timeout=$2; shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@"; do
-    [ $SECONDS -lt $deadline ] || die "$what not ready after ${timeout}s; see $CLUSTER_DIR/logs/"
-    sleep 0.5
-  done
-  log "$what ready"
-}
-
 etcd_healthy() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
 component_healthy() {  # port: the secure /healthz every control-plane component serves unauthenticated
   curl -fsSk --max-time 2 "https://127.0.0.1:$1/healthz" >/dev/null 2>&1

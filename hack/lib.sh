@@ -43,3 +43,13 @@ all_up() {  # every component (and the agent) runs and the apiserver is ready
 agent_stale() {  # the running agent started before its code last changed
   [ "${MMPREP_AGENT:-1}" = 1 ] && [ "$REPO_DIR/tests/support/agent.py" -nt "$CLUSTER_DIR/run/agent.pid" ]
 }
+
+wait_until() {  # what timeout-seconds command...: polls a condition, fails with the log to read
+  local what=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@"; do
+    [ $SECONDS -lt $deadline ] || die "$what not ready after ${timeout}s; see $CLUSTER_DIR/logs/"
+    sleep 0.5
+  done
+  log "$what ready"
+}
