@@ -1,0 +1,227 @@
+"""Both images, built and run for real on a Docker engine.
+
+Built by hack/docker/build-images.sh (the same script as `make images`; cached, so this is quick
+after the first time). Skipped, with the reason, only where no Docker engine can be started.
+The runtime runs as its own non-root user on a read-only root filesystem with only /tmp writable,
+all capabilities dropped: the restricted settings the operator gives runtime pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from packaging_support import (
+    DOCKER_HACK,
+    OPERATOR_IMAGE,
+    RUNTIME_IMAGE,
+    docker,
+    image_config,
+    image_size_mb,
+    require_docker,
+)
+from support.kube import wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+RESTRICTED = ["--read-only", "--tmpfs", "/tmp:rw,size=512m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+RUNTIME_UID = "65532"
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, int]:
+    """Both images, built (or found current in the build cache); their sizes in MB."""
+    require_docker()
+    done = subprocess.run([str(DOCKER_HACK / "build-images.sh")], capture_output=True, text=True, timeout=3600, check=False)
+    assert done.returncode == 0, f"hack/docker/build-images.sh failed:\n{done.stderr[-5000:]}"
+    sizes = {image: image_size_mb(image) for image in (OPERATOR_IMAGE, RUNTIME_IMAGE)}
+    print(f"\nimage sizes: {sizes}")  # shown with -s / -rA; also in the README
+    return sizes
+
+
+def _readable_copy(source: Path, dest: Path) -> Path:
+    """A copy the container's user can read (pytest's temp folders are private to root)."""
+    shutil.copytree(source, dest)
+    for p in [dest, *dest.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def container() -> Iterator[Callable[..., str]]:
+    """Start detached containers; each is removed afterwards (its logs are shown on failure)."""
+    started: list[str] = []
+
+    def run(*args: str) -> str:
+        cid = docker("run", "-d", *args).stdout.strip()
+        started.append(cid)
+        return cid
+
+    yield run
+    for cid in started:
+        docker("rm", "-f", cid, check=False)
+
+
+def _logs(cid: str) -> str:
+    done = docker("logs", "--tail", "80", cid, check=False)
+    return done.stdout + done.stderr
+
+
+def _png(width: int = 64, height: int = 48) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _post(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_images_run_as_non_root_and_the_operator_image_has_no_torch(images: dict[str, int]) -> None:
+    for image in (OPERATOR_IMAGE, RUNTIME_IMAGE):
+        assert image_config(image)["User"] == f"{RUNTIME_UID}:{RUNTIME_UID}"
+    # No installer or compiler in the final images; the operator's has no torch.
+    probe = "import importlib.util as u, shutil; print(u.find_spec('torch') is not None, u.find_spec('pip') is not None, shutil.which('gcc'))"
+    out = docker("run", "--rm", *RESTRICTED, "--entrypoint", "/opt/venv/bin/python", OPERATOR_IMAGE, "-c", probe).stdout.split()
+    assert out == ["False", "False", "None"], out
+    out = docker("run", "--rm", *RESTRICTED, "--entrypoint", "/opt/venv/bin/python", RUNTIME_IMAGE, "-c", probe).stdout.split()
+    assert out == ["True", "False", "None"], out
+    version = docker("run", "--rm", *RESTRICTED, OPERATOR_IMAGE, "--version").stdout
+    assert "0." in version or "1." in version, version
+    assert images[OPERATOR_IMAGE] < images[RUNTIME_IMAGE]
+
+
+def test_runtime_image_serves_preprocessing_read_only_as_non_root(
+    images: dict[str, int], container: Callable[..., str], model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    model = _readable_copy(model_dir("qwen2-vl"), tmp_path / "qwen2-vl")
+    cid = container(
+        *RESTRICTED, "--user", f"{RUNTIME_UID}:{RUNTIME_UID}", "-p", "127.0.0.1::8080",
+        "-v", f"{model}:/models/qwen2-vl:ro", "-e", "MMPREP_PROCESSOR_WORKERS=2",
+        RUNTIME_IMAGE, "serve", "--model", "/models/qwen2-vl",
+    )  # fmt: skip
+    host_port = docker("port", cid, "8080/tcp").stdout.split()[0]
+    base = f"http://{host_port}"
+
+    def ready() -> bool:
+        state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+        assert state["Running"], f"the runtime container exited:\n{_logs(cid)}"
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    wait_for(ready, 180, what="the runtime container's /readyz", describe=lambda: _logs(cid))
+    status, answer = _post(f"{base}/v1/preprocess", json.dumps({"text": "describe <|image_pad|>", "images": [_png()]}).encode())
+    assert status == 200, answer
+    assert answer["input_ids"] and answer["tensors"]["pixel_values"]["dtype"] == "float32"
+    assert len(answer["tensors"]["pixel_values"]["shape"]) == 2
+    # Bad input: a 4xx with a JSON error, and the pool keeps serving.
+    status, error = _post(f"{base}/v1/preprocess", json.dumps({"text": "x", "images": ["not base64 at all!"]}).encode())
+    assert 400 <= status < 500, (status, error)
+    status, _ = _post(f"{base}/v1/preprocess", json.dumps({"text": "again <|image_pad|>", "images": [_png(80, 60)]}).encode())
+    assert status == 200
+    with urllib.request.urlopen(f"{base}/v1/info", timeout=10) as resp:
+        info = json.loads(resp.read())
+    assert info["workers"]["processor"] == 2 and info["workers"]["reason"] == "Explicit"
+    # The metrics the chart's alerts are written against, from the real server.
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    for name in ("mmprep_worker_busy_seconds_total", "mmprep_processor_workers", "mmprep_queue_wait_seconds_bucket"):
+        assert f"\n{name}" in metrics, f"{name} missing from /metrics"
+    # It really runs as the non-root user.
+    assert docker("exec", cid, "id", "-u").stdout.strip() == RUNTIME_UID
+
+
+@pytest.mark.parametrize(("kind", "cloneable"), [("qwen2-vl", True), ("uncloneable", False)])
+def test_probe_in_the_image_writes_its_answer_to_the_termination_log(
+    images: dict[str, int], model_dir: Callable[..., Path], tmp_path: Path, kind: str, cloneable: bool
+) -> None:
+    model = _readable_copy(model_dir(kind), tmp_path / kind)
+    out = tmp_path / "termination"
+    out.mkdir()
+    out.chmod(0o777)
+    done = docker(
+        "run", "--rm", *RESTRICTED, "--network", "none", "-v", f"{model}:/models/m:ro", "-v", f"{out}:/termination",
+        RUNTIME_IMAGE, "probe", "--model", "/models/m", "--termination-log", "/termination/log",
+        # The uncloneable test processor is custom code (a processor class of its own).
+        *(["--trust-remote-code"] if kind == "uncloneable" else []),
+    )  # fmt: skip
+    stdout = json.loads(done.stdout)
+    raw = (out / "log").read_bytes()
+    assert len(raw) < 4096, "a termination message must stay under 4 KiB"
+    written = json.loads(raw)
+    assert written["cloneable"] is cloneable and stdout["cloneable"] is cloneable
+    assert written["processor_class"] == stdout["processor_class"]
+    if not cloneable:
+        assert written["error"], "a processor that cannot be cloned says why"
+
+
+def test_operator_image_reconciles_with_the_charts_token_on_the_local_control_plane(
+    images: dict[str, int],
+    container: Callable[..., str],
+    cluster,  # noqa: ANN001 - fixtures from tests/conftest.py
+    crd: str,
+    kube,  # noqa: ANN001
+    namespace: str,
+    model_dir: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    """The operator image, host network, the chart's ServiceAccount token: a full reconcile."""
+    from chart_cluster import full_reconcile, installed_chart
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
+        release.token_kubeconfig(kube, conf / "kubeconfig")
+        (conf / "policy.yaml").write_text(release.policy_text(kube))
+        for f in conf.iterdir():
+            f.chmod(0o644)
+        conf.chmod(0o755)
+        health = _free_port()
+        cid = container(
+            *RESTRICTED, "--network", "host", "-v", f"{conf}:/etc/mmprep:ro", OPERATOR_IMAGE,
+            "run", "--namespace", namespace, "--kubeconfig", "/etc/mmprep/kubeconfig",
+            "--policy-file", "/etc/mmprep/policy.yaml", "--liveness-port", str(health), "--metrics-port", "0",
+            "--log-format", "text",
+        )  # fmt: skip
+
+        def healthy() -> bool:
+            state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+            assert state["Running"], f"the operator container exited:\n{_logs(cid)}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as resp:
+                    return resp.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(healthy, 60, what="the operator container's /healthz", describe=lambda: _logs(cid))
+        full_reconcile(kube, namespace, model_dir("qwen2-vl"), name=f"image-{uuid.uuid4().hex[:4]}")
+        logs = _logs(cid)
+        assert "probe job created" in logs and namespace in logs, logs
+        assert "Forbidden" not in logs, logs
