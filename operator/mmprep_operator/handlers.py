@@ -53,7 +53,6 @@ def build_registry() -> kopf.OperatorRegistry:
         # operator deaf (kopf #1145/#1276).
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        settings.watching.inactivity_timeout = 600
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 

@@ -34,6 +34,7 @@ log = logging.getLogger("mmprep.operator.reconcile")
 OutcomeKind = Literal["done", "waiting", "invalid", "gone", "error"]
 # After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
 _PROBE_GRACE_SECONDS = 30.0
+_APPLY_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Reconciler:
         failed = False
         try:
             for obj in plan.objects:
-                applied = await self.api.apply(obj)
+                applied = await self._apply(obj)
                 if obj["kind"] == "Deployment":
                     deployments[obj["metadata"]["name"]] = _deployment_state(applied)
             await self._prune(owner, set(plan.deployment_names.values()))
@@ -173,6 +174,18 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------- children
 
+    async def _apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply; a 409 (the object was being replaced or deleted meanwhile) is retried
+        at once a few times before it goes to the caller's backoff."""
+        for attempt in range(_APPLY_ATTEMPTS):
+            try:
+                return await self.api.apply(obj)
+            except Conflict:
+                if attempt == _APPLY_ATTEMPTS - 1:
+                    raise
+                log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "name": obj["metadata"]["name"]})
+        raise AssertionError("unreachable")
+
     async def _prune(self, owner: render.Owner, keep: set[str]) -> None:
         """Delete this resource's Deployments of pools that no longer exist."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(owner).items()))
@@ -217,7 +230,7 @@ class Reconciler:
                 "name": owner.name,
                 "namespace": owner.namespace,
                 "uid": owner.uid,
-                "resourceVersion": meta.get("resourceVersion"),
+                **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
             },
             "type": event.type,
             "reason": event.reason,

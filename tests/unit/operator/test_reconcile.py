@@ -10,7 +10,7 @@ import pytest
 from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
 from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.kube import ApiError
+from mmprep_operator.kube import ApiError, Conflict
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.reconcile import Reconciler
 
@@ -179,3 +179,21 @@ async def test_an_invalid_spec_is_reported_not_raised(cluster: Cluster) -> None:
     status, reason = cluster.condition("Degraded")
     assert (status, reason) == ("True", "InvalidSpec")
     assert cluster.api.kinds("Job") == {}
+
+
+async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    real_apply = cluster.api.apply
+    conflicts = {"left": 1}
+
+    async def flaky_apply(obj):
+        if conflicts["left"]:
+            conflicts["left"] -= 1
+            raise Conflict(409, "Conflict", "the object has been modified")
+        return await real_apply(obj)
+
+    cluster.api.apply = flaky_apply  # type: ignore[method-assign]
+    assert (await cluster.reconcile()).kind == "done"
+    assert len(cluster.api.kinds("Deployment")) == 2
