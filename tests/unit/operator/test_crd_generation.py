@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
+import pytest
 import yaml
 
 from mmprep_operator import crd
+from mmprep_operator.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "crds" / "multimodalpreprocessors.mmprep.dev.yaml"
@@ -21,11 +21,9 @@ def test_committed_crd_matches_the_models() -> None:
     )
 
 
-def test_crd_command_prints_the_committed_crd() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", "from mmprep_operator.cli import main; main(['crd'])"], capture_output=True, text=True, check=True
-    )
-    assert out.stdout == COMMITTED.read_text()
+def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == COMMITTED.read_text()
 
 
 def _walk(node: object, path: str = ""):  # yields (path, dict) for every schema node

@@ -6,21 +6,41 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from conftest import DATA
+from mmprep_operator.cli import main
 
 
-def render(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "import sys; from mmprep_operator.cli import main; sys.exit(main(sys.argv[1:]))", "render", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def render(capsys: pytest.CaptureFixture[str]):
+    """Run `mmprep-operator render ...` in-process (the console script is checked once, below)."""
+
+    def run(*args: str) -> Result:
+        code = main(["render", *args])
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+def test_console_script_runs_render() -> None:
+    exe = pathlib.Path(sys.executable).parent / "mmprep-operator"
+    out = subprocess.run(
+        [str(exe), "render", "-f", str(DATA / "cr.yaml"), "--nodes", str(DATA / "nodes.yaml")],
+        capture_output=True, text=True, timeout=60,
     )
+    assert out.returncode == 0, out.stderr
+    assert "kind: Deployment" in out.stdout
 
 
-def test_render_prints_one_deployment_per_pool_and_a_service() -> None:
+def test_render_prints_one_deployment_per_pool_and_a_service(render) -> None:
     out = render("-f", str(DATA / "cr.yaml"), "--nodes", str(DATA / "nodes.yaml"), "--probe", str(DATA / "probe.json"))
     assert out.returncode == 0, out.stderr
     objects = [o for o in yaml.safe_load_all(out.stdout) if o]
@@ -39,7 +59,7 @@ def test_render_prints_one_deployment_per_pool_and_a_service() -> None:
     assert [o["spec"]["replicas"] for o in objects[:3]] == [1, 1, 2]
 
 
-def test_render_without_probe_says_what_it_assumed_and_can_show_the_probe_job() -> None:
+def test_render_without_probe_says_what_it_assumed_and_can_show_the_probe_job(render) -> None:
     out = render("-f", str(DATA / "cr.yaml"), "--nodes", str(DATA / "nodes.yaml"), "--with-probe-job")
     assert out.returncode == 0, out.stderr
     assert "assuming a cloneable processor with a fast image processor" in out.stdout
@@ -47,7 +67,7 @@ def test_render_without_probe_says_what_it_assumed_and_can_show_the_probe_job() 
     assert first["kind"] == "Job" and first["metadata"]["name"].startswith("mmprep-probe-")
 
 
-def test_render_rejects_an_invalid_resource_with_the_api_servers_message(tmp_path: pathlib.Path) -> None:
+def test_render_rejects_an_invalid_resource_with_the_api_servers_message(render, tmp_path: pathlib.Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: mmprep.dev/v1alpha1\nkind: MultimodalPreprocessor\nmetadata: {name: x}\n"
@@ -59,7 +79,7 @@ def test_render_rejects_an_invalid_resource_with_the_api_servers_message(tmp_pat
     assert "Traceback" not in out.stderr
 
 
-def test_render_reports_missing_files_and_bad_probe_json(tmp_path: pathlib.Path) -> None:
+def test_render_reports_missing_files_and_bad_probe_json(render, tmp_path: pathlib.Path) -> None:
     out = render("-f", str(tmp_path / "nope.yaml"), "--nodes", str(DATA / "nodes.yaml"))
     assert out.returncode == 2 and "cannot read" in out.stderr
     probe = tmp_path / "probe.json"
@@ -68,7 +88,7 @@ def test_render_reports_missing_files_and_bad_probe_json(tmp_path: pathlib.Path)
     assert out.returncode == 2 and "probe output is not JSON" in out.stderr
 
 
-def test_render_says_when_no_node_is_eligible(tmp_path: pathlib.Path) -> None:
+def test_render_says_when_no_node_is_eligible(render, tmp_path: pathlib.Path) -> None:
     cpu_only = tmp_path / "nodes.yaml"
     cpu_only.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: cpu-a}\nstatus: {allocatable: {cpu: '8'}}\n")
     out = render("-f", str(DATA / "cr.yaml"), "--nodes", str(cpu_only), "--probe", str(DATA / "probe.json"))

@@ -1,0 +1,54 @@
+"""The kopf wiring: only indexes and event handlers (no finalizers, no annotations), own login."""
+
+from __future__ import annotations
+
+import pathlib
+
+import kopf
+import yaml
+
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.controller import Controller
+from mmprep_operator.handlers import build_registry
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.state import OperatorState
+
+
+def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() -> None:
+    registry = build_registry()
+    # kopf's registries are private; reading them is the only way to assert what kinds of handlers
+    # exist. Changing handlers (create/update/delete/resume) write annotations; daemons and timers
+    # add finalizers: the operator must have neither.
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
+    watched = {(h.selector.group, h.selector.any_name) for h in registry._watching.get_all_handlers()}
+    assert watched == {("", "nodes"), ("mmprep.dev", "multimodalpreprocessors"), ("apps", "deployments"), ("batch", "jobs")}
+    assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
+
+
+def test_two_registries_do_not_share_handlers() -> None:
+    a, b = build_registry(), build_registry()
+    assert a is not b
+    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 4
+
+
+def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "s3cret"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    metrics = Metrics()
+    state = OperatorState(policy=OperatorPolicy(), metrics=metrics, controller=Controller(metrics=metrics), kubeconfig=str(kubeconfig))
+    registry = build_registry()
+    (login,) = [h for h in registry._activities.get_all_handlers() if h.activity.value == "authentication"]
+    info = login.fn(memo=kopf.Memo(state=state))
+    assert (info.server, info.scheme, info.token, info.insecure) == ("https://127.0.0.1:6443", "Bearer", "s3cret", True)
