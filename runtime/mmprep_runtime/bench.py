@@ -244,6 +244,7 @@ def run(
     warmup: float = 1.0,
     decode: bool = False,
     progress: bool = True,
+    intra_op_threads: int | None = None,
 ) -> dict[str, Any]:
     processor, facts = loading.load_processor(settings)
     workload = build_workload(facts, size, decode)
@@ -256,7 +257,7 @@ def run(
     del processor
     results = []
     for count in workers:
-        running = engine.start_engine(settings, processor_workers=count)
+        running = engine.start_engine(settings, processor_workers=count, intra_op_threads=intra_op_threads)
         try:
             if warmup > 0:
                 measure_pool(running, workload, warmup, False)
@@ -317,7 +318,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         report = run(
             settings, workers, duration=args.duration, size=size, warmup=args.warmup,
-            decode=args.decode, progress=not args.no_progress,
+            decode=args.decode, progress=not args.no_progress, intra_op_threads=args.intra_op_threads,
         )
     except loading.ModelLoadError as exc:
         print(f"mmprep-runtime bench: {exc}", file=sys.stderr)

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="processor worker threads (overrides env MMPREP_PROCESSOR_WORKERS)")
     serve.add_argument("--io-workers", type=_positive_int, default=None,
                        help="decode threads (overrides env MMPREP_IO_WORKERS)")
+    serve.add_argument("--intra-op-threads", type=_positive_int, default=None,
+                       help="torch threads per worker (default: usable CPUs / workers)")
     serve.add_argument("--queue-size", type=int, default=None, help="requests waiting beyond the workers before 429")
     serve.add_argument("--deadline", type=float, default=None, help="per-request deadline in seconds (504 after)")
     serve.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413 above)")
@@ -74,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=10.0, help="seconds of load per worker count")
     bench.add_argument("--image", default="1280x960", help="synthetic image size WxH, one image per request")
     bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
+    bench.add_argument("--intra-op-threads", type=_positive_int, default=None,
+                       help="torch threads per worker (default: usable CPUs / workers, as serve does)")
     bench.add_argument("--decode", action="store_true", help="decode the JPEG in every job (end-to-end CPU cost)")
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

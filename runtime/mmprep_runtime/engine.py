@@ -85,6 +85,7 @@ def start_engine(
     *,
     processor_workers: int | None = None,
     io_workers: int | None = None,
+    intra_op_threads: int | None = None,
     observer: executor.PoolObserver | None = None,
     warm: bool = True,
     warm_timeout: float | None = 600.0,
@@ -126,7 +127,7 @@ def start_engine(
     else:
         logger.info("workers: %s (%s)", decision.message, decision.reason.value)
     usable = cpus.usable_cpus()
-    threads = cpus.intra_op_threads(decision.processor_workers, usable)
+    threads = intra_op_threads or cpus.intra_op_threads(decision.processor_workers, usable)
     _set_torch_threads(threads)
     pool: executor.ProcessorPool[Any] = executor.ProcessorPool(
         resolve,

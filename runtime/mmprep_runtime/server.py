@@ -195,6 +195,7 @@ async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
             settings.model,
             processor_workers=settings.processor_workers,
             io_workers=settings.io_workers,
+            intra_op_threads=settings.intra_op_threads,
             observer=state.metrics,
         )
     except Exception as exc:  # noqa: BLE001 - reported by /healthz and by serve's exit status

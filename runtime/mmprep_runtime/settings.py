@@ -66,6 +66,8 @@ class ServeSettings:
     #: Explicit counts (flag or env); None lets the runtime decide.
     processor_workers: int | None = None
     io_workers: int | None = None
+    #: torch intra-op threads per worker; None = usable CPUs // processor workers.
+    intra_op_threads: int | None = None
     limits: Limits = Limits()
     load: Load = Load()
 
@@ -132,6 +134,7 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         processor_workers=args.processor_workers if args.processor_workers is not None
         else _env_count(environ, ENV_PROCESSOR_WORKERS),
         io_workers=args.io_workers if args.io_workers is not None else _env_count(environ, ENV_IO_WORKERS),
+        intra_op_threads=args.intra_op_threads,
         limits=limits,
         load=load,
     )

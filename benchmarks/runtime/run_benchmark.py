@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""The runtime's performance benchmark: one run, all figures, a JSON file and a Markdown table.
+
+What it measures (Qwen2-VL processor built with ``make-model``, one 1280x960 JPEG per request):
+
+1. Serial cost: CPU seconds per request spent on parsing, decoding and processing (and encoding
+   the answer), in one thread with one torch thread. The machine's bound is
+   ``usable CPUs / that cost``: no server can do better on this machine.
+2. In process, images already decoded (``mmprep-runtime bench``): the processor called directly in
+   one thread vs the pool at 1 and 2 workers, one torch thread each. Targets: 2 workers >= 1.7x
+   1 worker; the pool's per-request overhead vs the direct call < 5%.
+3. Through HTTP: ``mmprep-runtime serve`` at 1, 2 and 4 workers, both backends, loaded by ``wrk``
+   (C, low overhead: a Python client would eat the cores it measures). Server CPU and RSS come from
+   the server process. Target: the best worker count reaches >= 90% of the bound.
+
+Run it on a quiet machine: ``python benchmarks/runtime/run_benchmark.py [--duration 20]``.
+Needs ``wrk`` on PATH (Debian package ``wrk``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import psutil
+
+from mmprep_runtime import bench, cpus, loading, pipeline, testing_media, testing_models, versions
+from mmprep_runtime.policy import Backend
+from mmprep_runtime.settings import Limits
+
+HERE = pathlib.Path(__file__).resolve().parent
+IMAGE_SIZE = (1280, 960)
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local file = io.open(os.getenv("MMPREP_BODY"), "rb")
+wrk.body = file:read("*a")
+file:close()
+"""
+
+
+def runtime_command() -> list[str]:
+    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
+
+
+def request_body() -> bytes:
+    image = testing_media.jpeg(*IMAGE_SIZE, seed=1)
+    payload = {
+        "text": f"Describe this picture in one sentence. {testing_models.QWEN_IMAGE_PLACEHOLDER}",
+        "images": [base64.b64encode(image).decode()],
+    }
+    return json.dumps(payload).encode()
+
+
+def serial_cost(model: pathlib.Path, backend: Backend, body: bytes, seconds: float) -> dict[str, float]:
+    """CPU seconds per request of each stage, one thread, one torch thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    processor, facts = loading.load_processor(loading.ModelSettings(str(model), backend=backend))
+    limits = Limits()
+    for _ in range(3):  # warm caches and lazy imports
+        pipeline.encode_json(pipeline.process(processor, pipeline.decode_request(body, facts, limits), facts), "m")
+    totals = {"decode": 0.0, "process": 0.0, "encode": 0.0}
+    count = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or count < 10:
+        t0 = time.thread_time()
+        request = pipeline.decode_request(body, facts, limits)
+        t1 = time.thread_time()
+        outputs = pipeline.process(processor, request, facts)
+        t2 = time.thread_time()
+        pipeline.encode_json(outputs, "m")
+        t3 = time.thread_time()
+        totals["decode"] += t1 - t0
+        totals["process"] += t2 - t1
+        totals["encode"] += t3 - t2
+        count += 1
+    per_request = {stage: total / count for stage, total in totals.items()}
+    per_request["total"] = sum(per_request.values())
+    per_request["requests"] = count
+    return per_request
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(base: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server not ready in time")
+
+
+def parse_wrk(output: str) -> dict[str, Any]:
+    def duration_ms(text: str) -> float:
+        number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+        return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", output, re.MULTILINE))
+    requests = re.search(r"(\d+) requests in ([\d.]+)(s|m)", output)
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: (.*)", output)
+    assert requests is not None, output
+    return {
+        "requests": int(requests.group(1)),
+        "req_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
+        "p50_ms": duration_ms(latency["50"]),
+        "p99_ms": duration_ms(latency["99"]),
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": errors.group(1) if errors else None,
+    }
+
+
+def http_run(model: pathlib.Path, backend: Backend, workers: int, body_file: pathlib.Path, lua: pathlib.Path,
+             duration: float, warmup: float) -> dict[str, Any]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [
+        *runtime_command(), "serve", "--model", str(model), "--backend", backend.value, "--host", "127.0.0.1",
+        "--port", str(port), "--processor-workers", str(workers), "--log-level", "WARNING",
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(base, server)
+        with urllib.request.urlopen(f"{base}/v1/info", timeout=10) as response:
+            info = json.loads(response.read())
+        connections = max(4, 2 * workers)
+        wrk = ["wrk", "-t1", f"-c{connections}", "--latency", "--timeout", "30s", "-s", str(lua), base + "/v1/preprocess"]
+        env = {**os.environ, "MMPREP_BODY": str(body_file)}
+        subprocess.run([*wrk[:1], f"-d{warmup:g}s", *wrk[1:]], env=env, capture_output=True, check=True)
+        process = psutil.Process(server.pid)
+        cpu_before = sum(process.cpu_times()[:2])
+        output = subprocess.run([*wrk[:1], f"-d{duration:g}s", *wrk[1:]], env=env, capture_output=True,
+                                text=True, check=True).stdout
+        cpu = sum(process.cpu_times()[:2]) - cpu_before
+        rss = process.memory_info().rss
+        result = parse_wrk(output)
+        result.update(
+            backend=backend.value,
+            workers=workers,
+            intra_op_threads=info["intra_op_threads"],
+            connections=connections,
+            server_cpu_cores=round(cpu / duration, 3),
+            cpu_ms_per_request=round(cpu * 1000 / max(1, result["requests"]), 2),
+            rss_mb=round(rss / 2**20, 1),
+        )
+        return result
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        if server.stderr:
+            server.stderr.close()
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"Machine: {report['usable_cpus']} usable CPUs ({report['cpu_model']}); "
+        f"load average before the run {report['load_before']}; image {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} JPEG; "
+        f"{report['duration_s']:g} s per measurement.",
+        "",
+        "Serial CPU cost per request (one thread): "
+        + "; ".join(
+            f"{b}: {c['total'] * 1000:.1f} ms (decode {c['decode'] * 1000:.1f}, process {c['process'] * 1000:.1f}, "
+            f"encode {c['encode'] * 1000:.1f}) -> bound {report['bound'][b]:.1f} req/s"
+            for b, c in report["serial"].items()
+        ),
+        "",
+        "In process, decoded images, one torch thread per worker (torchvision backend):",
+        "",
+        "| run | req/s | p50 ms | p99 ms | CPU ms/req | vs 1 worker | vs direct |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    inproc = report["in_process"]
+    for row in [inproc["direct"], *inproc["results"]]:
+        lines.append(
+            f"| {row['label']} | {row['req_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+            f"{row['cpu_ms_per_request']:.1f} | {row.get('speedup_vs_1_worker', '')} | "
+            f"{row.get('throughput_vs_direct', '')} |"
+        )
+    lines += [
+        "",
+        f"2 workers / 1 worker: **{report['targets']['pool_2_vs_1']:.2f}x** (target >= 1.7); "
+        f"pool overhead vs direct: **{report['targets']['pool_overhead'] * 100:.1f}%** (target < 5%).",
+        "",
+        "Through HTTP (`wrk`, server CPU and RSS from the server process):",
+        "",
+        "| backend | workers | threads | conns | req/s | p50 ms | p99 ms | CPU ms/req | RSS MB | of bound | non-2xx |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["http"]:
+        lines.append(
+            f"| {row['backend']} | {row['workers']} | {row['intra_op_threads']} | {row['connections']} | "
+            f"{row['req_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['cpu_ms_per_request']:.1f} | "
+            f"{row['rss_mb']:.0f} | {row['efficiency'] * 100:.0f}% | {row['non_2xx']} |"
+        )
+    best = report["targets"]["http_best_efficiency"]
+    lines += ["", "Best HTTP efficiency against the bound: "
+              + ", ".join(f"{b}: **{e * 100:.0f}%**" for b, e in best.items()) + " (target >= 90%)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--backends", default="torchvision,pil")
+    parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and results.md")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
+        return 2
+    workers = bench.parse_workers(args.workers)
+    backends = [Backend(b) for b in args.backends.split(",")]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "usable_cpus": cpus.usable_cpus(),
+        "cpu_model": next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text()
+                           .splitlines() if line.startswith("model name")), "unknown"),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "duration_s": args.duration,
+        "versions": versions.versions(),
+    }
+    with tempfile.TemporaryDirectory(prefix="mmprep-bench-") as scratch:
+        scratch_path = pathlib.Path(scratch)
+        model = testing_models.make_model("qwen2-vl", scratch_path / "qwen2-vl")
+        body = request_body()
+        body_file = scratch_path / "body.json"
+        body_file.write_bytes(body)
+        lua = scratch_path / "post.lua"
+        lua.write_text(WRK_SCRIPT)
+
+        print("serial cost ...", file=sys.stderr)
+        report["serial"] = {b.value: serial_cost(model, b, body, max(5.0, args.duration / 2)) for b in backends}
+        report["bound"] = {b: report["usable_cpus"] / c["total"] for b, c in report["serial"].items()}
+
+        print("in process ...", file=sys.stderr)
+        report["in_process"] = bench.run(
+            loading.ModelSettings(str(model), backend=Backend.TORCHVISION), [1, 2], duration=args.duration,
+            size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1,
+        )
+        rows = {row["workers"]: row for row in report["in_process"]["results"]}
+        direct = report["in_process"]["direct"]
+
+        report["http"] = []
+        for backend in backends:
+            for count in workers:
+                print(f"http {backend.value} {count} worker(s) ...", file=sys.stderr)
+                row = http_run(model, backend, count, body_file, lua, args.duration, args.warmup)
+                row["efficiency"] = round(row["req_per_s"] / report["bound"][backend.value], 3)
+                report["http"].append(row)
+    report["targets"] = {
+        "pool_2_vs_1": round(rows[2]["req_per_s"] / rows[1]["req_per_s"], 3),
+        "pool_overhead": round(1 - rows[1]["req_per_s"] / direct["req_per_s"], 3),
+        "http_best_efficiency": {
+            b.value: max(r["efficiency"] for r in report["http"] if r["backend"] == b.value) for b in backends
+        },
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (out / "results.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Media decoding: every way an item can be bad is a typed error naming it; good items come back usable."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from mmprep_runtime import decoding, errors, testing_media
+
+
+def test_a_data_url_is_accepted_like_plain_base64():
+    raw = testing_media.png(8, 8)
+    assert decoding.b64decode("data:image/png;base64," + base64.b64encode(raw).decode(), "x") == raw
+
+
+def test_a_grayscale_png_comes_back_as_rgb():
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (10, 6), 128).save(buffer, format="PNG")
+    image = decoding.decode_image(buffer.getvalue(), "images[0]", max_pixels=100)
+    assert (image.mode, image.size) == ("RGB", (10, 6))
+
+
+def test_the_pixel_cap_is_checked_before_decoding():
+    with pytest.raises(errors.MediaTooLarge, match="images\\[3\\] is 10x6 = 60 pixels, over the limit of 59"):
+        decoding.decode_image(testing_media.png(10, 6), "images[3]", max_pixels=59)
+
+
+def test_an_image_format_outside_the_allowed_list_is_refused():
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, format="PPM")
+    with pytest.raises(errors.BadMedia, match="unsupported image format PPM"):
+        decoding.decode_image(buffer.getvalue(), "images[0]", max_pixels=100)
+
+
+def _wav(samples: np.ndarray, rate: int, width: int, channels: int = 1) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(width)
+        out.setframerate(rate)
+        out.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+def test_stereo_8_bit_audio_is_mixed_down_and_resampled():
+    stereo = np.full((8000, 2), 255, dtype=np.uint8)  # 1 s at 8 kHz, near full scale
+    audio = decoding.decode_wav(_wav(stereo, 8000, 1, channels=2), "audio[0]", target_rate=16000, max_seconds=5)
+    assert audio.dtype == np.float32 and audio.shape == (16000,)
+    assert audio.max() == pytest.approx(127 / 128)
+
+
+def test_audio_over_the_duration_cap_is_refused():
+    with pytest.raises(errors.MediaTooLarge, match="lasts 2.0 s"):
+        decoding.decode_wav(testing_media.wav(2.0), "audio[0]", target_rate=16000, max_seconds=1)
+
+
+def test_bytes_that_are_not_wav_are_refused():
+    with pytest.raises(errors.BadMedia, match="audio\\[0\\] is not a PCM WAV file"):
+        decoding.decode_wav(b"RIFF....nope", "audio[0]", target_rate=16000, max_seconds=5)
+
+
+def test_24_bit_audio_is_refused_with_the_supported_widths():
+    with pytest.raises(errors.BadMedia, match="24-bit samples"):
+        decoding.decode_wav(_wav(np.zeros(30, dtype=np.uint8), 16000, 3), "audio[0]", target_rate=16000, max_seconds=5)
