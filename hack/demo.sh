@@ -34,7 +34,8 @@ if pid_alive operator; then
   wait_until "old operator exit" 30 operator_gone
 fi
 log "starting the operator (log: $CLUSTER_DIR/logs/operator.log)"
-setsid "$VENV_BIN/mmprep-operator" run --all-namespaces --kubeconfig "$KUBECONFIG" \
+# Scoped to the demo namespace, so it never competes with the operator the tests run.
+setsid "$VENV_BIN/mmprep-operator" run --namespace "$NAMESPACE" --kubeconfig "$KUBECONFIG" \
   --policy-file "$HACK_DIR/demo/policy.yaml" --bind-address 127.0.0.1 \
   --liveness-port "$OPERATOR_HEALTH_PORT" --metrics-port "$OPERATOR_METRICS_PORT" \
   >>"$CLUSTER_DIR/logs/operator.log" 2>&1 </dev/null &

@@ -80,6 +80,10 @@ def crd(cluster: Cluster, kube: Kube) -> str:
     return name
 
 
+#: Test namespaces start with this; the tests' operator watches only those (the demo's operator
+#: may run on the same cluster and watches only its own).
+TEST_NAMESPACE_PREFIX = "it-"
+
 #: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3).
 OPERATOR_POLICY = """\
 defaultImage: mmprep-runtime:test
@@ -92,11 +96,11 @@ overrides:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """`mmprep-operator run` as a real subprocess with the admin kubeconfig, all namespaces."""
+    """`mmprep-operator run` as a real subprocess with the admin kubeconfig, on the test namespaces."""
     log_dir = tmp_path_factory.mktemp("operator")
     policy = log_dir / "policy.yaml"
     policy.write_text(OPERATOR_POLICY)
-    proc = OperatorProcess(cluster, log_dir=log_dir, policy_file=policy)
+    proc = OperatorProcess(cluster, log_dir=log_dir, namespaces=[f"{TEST_NAMESPACE_PREFIX}*"], policy_file=policy)
     proc.start()
     yield proc
     proc.stop()
@@ -105,8 +109,8 @@ def operator(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace named after the test, deleted afterwards (children go with it)."""
-    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
-    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:37].rstrip("-")
+    name = f"{TEST_NAMESPACE_PREFIX}{stem}-{uuid.uuid4().hex[:5]}"
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
     # Pods are refused until the namespace's default ServiceAccount exists.
     wait_for(lambda: kube.core.read_namespaced_service_account("default", name), 30, what=f"ServiceAccount {name}/default")

@@ -26,9 +26,20 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, cluster: Cluster, *, log_dir: Path, policy_file: Path | None = None, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        log_dir: Path,
+        namespaces: list[str] | None = None,
+        policy_file: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.log_dir = log_dir
+        # Namespace globs it watches (None: all). Scoping keeps operators of the tests, the demo
+        # and the benchmark from reconciling each other's resources on a shared cluster.
+        self.namespaces = namespaces
         self.policy_file = policy_file
         self.extra_args = list(extra_args or [])
         self.process: subprocess.Popen[bytes] | None = None
@@ -46,7 +57,7 @@ class OperatorProcess:
         return [
             str(exe),
             "run",
-            "--all-namespaces",
+            *([a for ns in self.namespaces for a in ("--namespace", ns)] if self.namespaces else ["--all-namespaces"]),
             "--kubeconfig",
             str(self.cluster.kubeconfig),
             "--bind-address",
