@@ -38,3 +38,22 @@ cluster-status:
 # Quick start, part one: cluster + CRD + operator + example resources, then their decisions.
 demo: venv
 	hack/demo.sh
+
+# --- packaging (hack/docker/, charts/mmprep/): images, chart checks, kind e2e -------------------
+.PHONY: images helm-lint chart-sync kind-e2e
+# Both images, from a local debootstrap base and a host wheelhouse (no registry needed; cached).
+# Online: make images BASE_IMAGE=python:3.11-slim-bookworm MMPREP_WHEELHOUSE=0
+images:
+	hack/docker/build-images.sh
+
+helm-lint: venv control-plane
+	$(PY) -m pytest tests/e2e/test_helm_chart.py
+
+# Regenerates what the chart copies from the operator: its CRD and its RBAC rules.
+chart-sync: venv
+	$(VENV)/bin/mmprep-operator crd > charts/mmprep/crds/multimodalpreprocessors.mmprep.dev.yaml
+	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
+
+# kind + Helm + the images (needs kind, a Docker engine and a kind node image; see README).
+kind-e2e: venv images
+	MMPREP_KIND_E2E=1 $(PY) -m pytest -rs tests/e2e/test_kind_e2e.py
