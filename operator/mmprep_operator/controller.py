@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mmprep_operator import api, probe
+from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.nodes import NodeFacts, node_facts
 from mmprep_operator.reconcile import Outcome, Reconciler
@@ -141,7 +142,8 @@ class Controller:
                 log.warning(
                     "reconcile failed; retrying later",
                     extra={"namespace": key[0], "resource": key[1], "error": repr(e), "retry_in": delay},
-                    exc_info=not isinstance(e, OSError),
+                    # An API error says all there is in its message; anything else is a bug: show where.
+                    exc_info=not isinstance(e, (ApiError, OSError)),
                 )
                 self.metrics.reconciles.labels("error").inc()
                 self.queue.add_after(key, delay)

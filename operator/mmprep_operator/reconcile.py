@@ -65,6 +65,16 @@ class Reconciler:
     probe_cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
+        try:
+            return await self._reconcile(namespace, name)
+        except ApiError as e:
+            if e.status == 404 and await self.api.get_resource(namespace, name) is None:
+                # Deleted while we worked on it (its status or children went with it): done.
+                self.metrics.set_conditions((namespace, name), None)
+                return Outcome("gone")
+            raise
+
+    async def _reconcile(self, namespace: str, name: str) -> Outcome:
         body = await self.api.get_resource(namespace, name)
         if body is None:
             self.metrics.set_conditions((namespace, name), None)

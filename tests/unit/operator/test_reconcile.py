@@ -197,3 +197,24 @@ async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster) -> None:
     cluster.api.apply = flaky_apply  # type: ignore[method-assign]
     assert (await cluster.reconcile()).kind == "done"
     assert len(cluster.api.kinds("Deployment")) == 2
+
+
+async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    real_write = cluster.api.replace_resource_status
+
+    async def deleted_meanwhile(namespace, name, status):
+        del cluster.api.resources[(namespace, name)]
+        raise ApiError(404, "NotFound", f'multimodalpreprocessors.mmprep.dev "{name}" not found')
+
+    cluster.api.replace_resource_status = deleted_meanwhile  # type: ignore[method-assign]
+    assert (await cluster.reconcile()).kind == "gone"
+    cluster.api.replace_resource_status = real_write  # type: ignore[method-assign]
+    cluster.api.add_resource("m", GPU_SPEC)
+
+    async def missing_child_not_resource(namespace, name, status):
+        raise ApiError(404, "NotFound", "something else")
+
+    cluster.api.replace_resource_status = missing_child_not_resource  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        await cluster.reconcile()
