@@ -23,7 +23,12 @@ from mmprep_operator.probe import LABEL_COMPONENT_PROBE
 from mmprep_operator.state import OperatorState
 
 _CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
+_PROBE_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE}
 NODE_INDEX = "mmprep_nodes"
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def build_registry() -> kopf.OperatorRegistry:
@@ -53,6 +58,10 @@ def build_registry() -> kopf.OperatorRegistry:
         # operator deaf (kopf #1145/#1276).
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Filter children on the server: in a large cluster the operator must not stream every
+        # Deployment and Job just to drop all but its own (the handlers' labels= filter client-side).
+        settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
+        settings.watching.label_selectors["batch", "jobs"] = _selector(_PROBE_LABELS)
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 
@@ -83,9 +92,7 @@ def build_registry() -> kopf.OperatorRegistry:
     def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Deployment", type, body)
 
-    @kopf.on.event(
-        "batch", "v1", "jobs", labels={**_CHILD_LABELS, render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE}, registry=registry
-    )
+    @kopf.on.event("batch", "v1", "jobs", labels=_PROBE_LABELS, registry=registry)
     def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Job", type, body)
 

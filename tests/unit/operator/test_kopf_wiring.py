@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pathlib
 
 import kopf
@@ -52,3 +53,24 @@ def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.P
     (login,) = [h for h in registry._activities.get_all_handlers() if h.activity.value == "authentication"]
     info = login.fn(memo=kopf.Memo(state=state))
     assert (info.server, info.scheme, info.token, info.insecure) == ("https://127.0.0.1:6443", "Bearer", "s3cret", True)
+
+
+async def test_startup_filters_children_on_the_server_and_starts_the_workers() -> None:
+    class StubState:
+        started_with = None
+
+        async def start(self, nodes):
+            StubState.started_with = nodes
+
+    registry = build_registry()
+    (start,) = [h for h in registry._activities.get_all_handlers() if h.activity.value == "startup"]
+    settings = kopf.OperatorSettings()
+    index: dict = {"node-a": ["facts-a"]}
+    await start.fn(settings=settings, memo=kopf.Memo(state=StubState()), logger=logging.getLogger("t"), mmprep_nodes=index)
+    selectors = {(s.group, s.any_name): v for s, v in settings.watching.label_selectors._items.items()}
+    assert selectors == {
+        ("apps", "deployments"): "app.kubernetes.io/managed-by=mmprep-operator",
+        ("batch", "jobs"): "app.kubernetes.io/component=probe,app.kubernetes.io/managed-by=mmprep-operator",
+    }
+    assert settings.posting.level == logging.WARNING
+    assert StubState.started_with() == ["facts-a"]  # reads the live kopf index
