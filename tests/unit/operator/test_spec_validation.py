@@ -1,0 +1,83 @@
+"""Every CEL rule of the CRD has a pydantic twin with the same message, so `render` (no API server)
+rejects what the API server rejects and says it the same way."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from mmprep_operator import api, crd
+
+
+def cel_messages() -> set[str]:
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for rule in node.get("x-kubernetes-validations", ()):
+                found.add(rule["message"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return found
+
+
+VIOLATIONS = [
+    ({"model": {"path": "/m", "id": "a/b"}}, "set exactly one of model.path and model.id"),
+    ({"model": {}}, "set exactly one of model.path and model.id"),
+    ({"model": {"path": "/m", "cacheVolume": "c"}, "volumes": [{"name": "c", "emptyDir": {}}]}, "model.cacheVolume needs model.id"),
+    ({"model": {"id": "a/b", "cacheVolume": "c"}}, "model.cacheVolume must name a volume in spec.volumes"),
+    ({"model": {"path": "/m"}, "device": "cuda"}, "device: cuda needs a GPU resource"),
+    ({"model": {"path": "/m"}, "device": "cuda", "resources": {"requests": {"cpu": 1}}}, "device: cuda needs a GPU resource"),
+    ({"model": {"path": "/m"}, "workers": {"overrides": [{"processor": 2}]}}, "an override names exactly one of gpuProduct and gpuFamily"),
+    (
+        {"model": {"path": "/m"}, "workers": {"overrides": [{"gpuProduct": "H200", "gpuFamily": "hopper", "processor": 2}]}},
+        "an override names exactly one of gpuProduct and gpuFamily",
+    ),
+]
+
+
+def test_every_cel_rule_is_exercised_here() -> None:
+    exercised = {m for _, m in VIOLATIONS}
+    for message in cel_messages():
+        assert any(message.startswith(e) for e in exercised), f"no test for CEL rule: {message}"
+
+
+@pytest.mark.parametrize(("spec", "message"), VIOLATIONS, ids=[m[:40] for _, m in VIOLATIONS])
+def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        api.MultimodalPreprocessorSpec.model_validate(spec)
+    assert message in str(caught.value)
+    assert any(m.startswith(message) for m in cel_messages())
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"model": {"path": "/m"}},
+        {"model": {"id": "a/b", "cacheVolume": "c"}, "volumes": [{"name": "c", "emptyDir": {}}]},
+        {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}},
+        {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"amd.com/gpu": "1"}}},
+        {"model": {"path": "/m"}, "workers": {"processor": 64, "io": 1, "overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}},
+    ],
+)
+def test_valid_specs_pass(spec: dict) -> None:
+    parsed = api.MultimodalPreprocessorSpec.model_validate(spec)
+    # And survive a round trip through the wire format unchanged in meaning.
+    again = api.MultimodalPreprocessorSpec.model_validate(json.loads(json.dumps(parsed.wire())))
+    assert again == parsed
+
+
+@pytest.mark.parametrize("bad", [{"processor": 0}, {"processor": 65}, {"io": 0}])
+def test_worker_bounds(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        api.MultimodalPreprocessorSpec.model_validate({"model": {"path": "/m"}, "workers": bad})
