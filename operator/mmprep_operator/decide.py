@@ -98,10 +98,19 @@ def decide_pool(
 
 
 def sentence(d: PoolDecision) -> str:
-    """The decision in one line, for status and Events."""
+    """The decision in one line, for status and Events, e.g.
+    "pool nvidia-h200: gpu path, 1 worker, GPUPathCap: the model declares 2, capped because ..."."""
     w = d.decision
     plural = "" if w.processor_workers == 1 else "s"
-    text = f"pool {d.pool.name}: {w.path.value} path, {w.processor_workers} worker{plural}, {w.reason.value}: {w.message}"
+    head = f"pool {d.pool.name}: {w.path.value} path, {w.processor_workers} worker{plural}, {w.reason.value}"
+    # The policy's message restates path and count first ("gpu path: 1 worker; ..."); they are
+    # already in the head, so only the explanation follows.
+    detail = w.message
+    for prefix in (f"{w.path.value} path: {w.processor_workers} worker{plural}", f"{w.path.value} path: "):
+        if detail.startswith(prefix):
+            detail = detail[len(prefix) :].lstrip("; ")
+            break
+    text = f"{head}: {detail}" if detail else head
     if d.override_source:
         text += f" ({d.override_source})"
     return text

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ OutcomeKind = Literal["done", "waiting", "invalid", "gone", "error"]
 # After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
 _PROBE_GRACE_SECONDS = 30.0
 _APPLY_ATTEMPTS = 3
+_PROBE_CACHE_SIZE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,15 @@ class Reconciler:
     metrics: Metrics
     clock: Callable[[], dt.datetime] = utcnow
     probe_cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
+    #: Names this operator instance in the Events it posts (the pod name in a cluster).
+    instance: str = dataclasses.field(default_factory=socket.gethostname)
+
+    def _remember(self, key: tuple[str, str], result: api.ProbeResult) -> None:
+        # Bounded: one entry per distinct model and namespace; the oldest goes first.
+        self.probe_cache.pop(key, None)
+        self.probe_cache[key] = result
+        while len(self.probe_cache) > _PROBE_CACHE_SIZE:
+            self.probe_cache.pop(next(iter(self.probe_cache)))
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         try:
@@ -138,7 +149,7 @@ class Reconciler:
         job_name = probe.job_name(hash_)
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
             if previous.probe.state == "Succeeded" and previous.probe.result is not None:
-                self.probe_cache[(owner.namespace, hash_)] = previous.probe.result
+                self._remember((owner.namespace, hash_), previous.probe.result)
                 return previous.probe
             if previous.probe.state == "Failed":
                 # A failed probe stays failed until something it depends on changes (or the user
@@ -162,7 +173,7 @@ class Reconciler:
         pods = await self.api.list_pods(owner.namespace, f"job-name={job_name}") if finished else []
         outcome = probe.read_outcome(job, pods)
         if outcome.state == "Succeeded" and outcome.result is not None:
-            self.probe_cache[(owner.namespace, hash_)] = outcome.result
+            self._remember((owner.namespace, hash_), outcome.result)
         return api.ProbeStatus(
             hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
         )
@@ -247,7 +258,7 @@ class Reconciler:
             "message": event.message[:1024],
             "source": {"component": render.MANAGED_BY},
             "reportingComponent": render.MANAGED_BY,
-            "reportingInstance": render.MANAGED_BY,
+            "reportingInstance": self.instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

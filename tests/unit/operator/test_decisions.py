@@ -109,8 +109,16 @@ def test_cpu_pool_matches_no_gpu_override() -> None:
     assert decide.decide_pool(spec, probe_result(), pool, [o(gpuFamily="hopper", processor=9)]).decision.reason is Reason.CPU_PATH_DEFAULT
 
 
-def test_decision_sentence_names_pool_path_workers_and_reason() -> None:
+def test_decision_sentence_names_pool_path_workers_reason_and_why_once() -> None:
     d = decide.decide_pool(gpu_spec(), probe_result(declared_workers=2), pool_of(H200), [])
-    text = decide.sentence(d)
-    assert text.startswith("pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap:")
-    assert "the model declares 2" in text
+    assert decide.sentence(d) == (
+        "pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap: "
+        "the model declares 2, capped because a second worker contends for the device"
+    )
+    d = decide.decide_pool(gpu_spec(), probe_result(), pool_of(H200), [])
+    assert decide.sentence(d) == "pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap"
+    spec = make_spec()
+    d = decide.decide_pool(spec, probe_result(), pool_of(None, 0, spec), [])
+    assert decide.sentence(d) == "pool cpu: cpu path, 2 workers, CPUPathDefault: default of 2 workers"
+    d = decide.decide_pool(gpu_spec(), probe_result(), pool_of(GB300), [o(gpuFamily="blackwell", processor=2)])
+    assert decide.sentence(d).endswith("Override: 2 worker(s) from a per-GPU override (policy: gpuFamily=blackwell)")

@@ -218,3 +218,14 @@ async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(clus
     cluster.api.replace_resource_status = missing_child_not_resource  # type: ignore[method-assign]
     with pytest.raises(ApiError):
         await cluster.reconcile()
+
+
+def test_the_probe_cache_is_bounded(cluster: Cluster) -> None:
+    from mmprep_operator import reconcile
+    from mmprep_operator.api import ProbeResult
+
+    result = ProbeResult(cloneable=True)
+    for i in range(reconcile._PROBE_CACHE_SIZE + 5):
+        cluster.reconciler._remember(("ns", f"h{i}"), result)
+    assert len(cluster.reconciler.probe_cache) == reconcile._PROBE_CACHE_SIZE
+    assert ("ns", "h0") not in cluster.reconciler.probe_cache and ("ns", "h1028") in cluster.reconciler.probe_cache
