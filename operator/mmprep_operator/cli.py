@@ -127,10 +127,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mmprep_operator import logs
     from mmprep_operator.controller import Controller
     from mmprep_operator.handlers import build_registry
+    from mmprep_operator.kube import load_configuration
     from mmprep_operator.metrics import Metrics
     from mmprep_operator.state import OperatorState
 
     policy = _policy(args.policy_file)
+    try:
+        # Fail here, with one clear line, rather than deep inside kopf's login retries.
+        load_configuration(args.kubeconfig, args.context)
+    except Exception as e:  # ConfigException, a missing or unreadable file, a bad context
+        raise UsageError(f"no usable Kubernetes credentials (in-cluster, --kubeconfig or KUBECONFIG): {e}") from e
     if args.default_image:
         policy = policy.model_copy(update={"default_image": args.default_image})
     logs.configure(args.log_format, verbose=args.verbose)

@@ -103,3 +103,15 @@ def test_run_flags() -> None:
     assert args.all_namespaces and args.namespace is None and args.liveness_port == 11
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--all-namespaces", "--namespace", "x"])
+
+
+def test_run_without_credentials_exits_2_with_one_line(tmp_path: pathlib.Path, monkeypatch, capsys) -> None:
+    from mmprep_operator.cli import main
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["run", "--metrics-port", "0", "--liveness-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no usable Kubernetes credentials" in err and "Traceback" not in err
+    assert main(["run", "--policy-file", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read policy file" in capsys.readouterr().err
