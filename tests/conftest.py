@@ -80,9 +80,12 @@ def crd(cluster: Cluster, kube: Kube) -> str:
     return name
 
 
-#: Test namespaces start with this; the tests' operator watches only those (the demo's operator
-#: may run on the same cluster and watches only its own).
+#: Namespaces of tests that use the shared `operator` fixture start with this, and that operator
+#: watches only those. Other tests' namespaces (``ns-...``) are left alone, so a test may run an
+#: operator of its own (e.g. with the Helm chart's token) without the shared one competing, and
+#: the demo's operator (watching only its namespace) can share the cluster.
 TEST_NAMESPACE_PREFIX = "it-"
+UNWATCHED_NAMESPACE_PREFIX = "ns-"
 
 #: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3).
 OPERATOR_POLICY = """\
@@ -108,9 +111,13 @@ def operator(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace named after the test, deleted afterwards (children go with it)."""
+    """A fresh namespace named after the test, deleted afterwards (children go with it).
+
+    Watched by the shared `operator` fixture only when the test uses that fixture.
+    """
     stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:37].rstrip("-")
-    name = f"{TEST_NAMESPACE_PREFIX}{stem}-{uuid.uuid4().hex[:5]}"
+    prefix = TEST_NAMESPACE_PREFIX if "operator" in request.fixturenames else UNWATCHED_NAMESPACE_PREFIX
+    name = f"{prefix}{stem}-{uuid.uuid4().hex[:5]}"
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
     # Pods are refused until the namespace's default ServiceAccount exists.
     wait_for(lambda: kube.core.read_namespaced_service_account("default", name), 30, what=f"ServiceAccount {name}/default")

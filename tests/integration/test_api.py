@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support.kube import Cluster, Kube
+from support.kube import Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -19,9 +19,14 @@ def test_the_crd_is_established_with_its_short_name_and_printer_columns(crd: str
     assert version.subresources.status is not None and version.subresources.scale is not None
     columns = {c.name.lower() for c in version.additional_printer_columns or []}
     assert {"workers", "ready", "age"} <= columns and any(c.startswith("path") for c in columns), columns
-    # kubectl explain reads the published schema: the descriptions teach the API.
-    explained = cluster.kubectl("explain", "mmp.spec.workers.processor").stdout
-    assert "deep copy" in explained.lower() or "worker" in explained.lower(), explained
+    # kubectl explain reads the published OpenAPI schema (published a moment after the CRD is
+    # Established): the descriptions teach the API.
+    explained = wait_for(
+        lambda: cluster.kubectl("explain", "mmp.spec.workers.processor", check=False).stdout,
+        60,
+        what="kubectl explain to know the CRD",
+    )
+    assert "worker" in explained.lower() and "copy" in explained.lower(), explained
 
 
 def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
