@@ -91,6 +91,11 @@ class Reconciler:
             self.metrics.set_conditions((namespace, name), None)
             return Outcome("gone")
         meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            # Being deleted (foreground cascading, or its namespace terminating): the garbage
+            # collector is removing the children, and re-applying them would fight it.
+            self.metrics.set_conditions((namespace, name), None)
+            return Outcome("gone")
         owner = render.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
         generation = meta.get("generation")
         previous = _parse_status(body.get("status"))

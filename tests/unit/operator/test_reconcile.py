@@ -229,3 +229,18 @@ def test_the_probe_cache_is_bounded(cluster: Cluster) -> None:
         cluster.reconciler._remember(("ns", f"h{i}"), result)
     assert len(cluster.reconciler.probe_cache) == reconcile._PROBE_CACHE_SIZE
     assert ("ns", "h0") not in cluster.reconciler.probe_cache and ("ns", "h1028") in cluster.reconciler.probe_cache
+
+
+async def test_a_resource_being_deleted_is_left_to_the_garbage_collector(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    # Foreground deletion: the GC deletes the children first while the resource still exists.
+    cluster.api.resources[("ns", "m")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    for name in list(cluster.api.kinds("Deployment")):
+        await cluster.api.delete_deployment("ns", name)
+    applies, events = len(cluster.api.applies), len(cluster.api.events)
+    assert (await cluster.reconcile()).kind == "gone"
+    assert cluster.api.kinds("Deployment") == {}
+    assert (len(cluster.api.applies), len(cluster.api.events)) == (applies, events)
