@@ -188,13 +188,14 @@ def test_operator_image_reconciles_with_the_charts_token_on_the_local_control_pl
     cluster,  # noqa: ANN001 - fixtures from tests/conftest.py
     crd: str,
     kube,  # noqa: ANN001
-    namespace: str,
+    private_namespace: str,
     model_dir: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
     """The operator image, host network, the chart's ServiceAccount token: a full reconcile."""
     from chart_cluster import full_reconcile, installed_chart
 
+    namespace = private_namespace  # watched by this container only
     conf = tmp_path / "conf"
     conf.mkdir()
     with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:

@@ -32,24 +32,6 @@ from support.operator_process import OperatorProcess
 pytestmark = pytest.mark.cluster
 
 
-class ScopedOperator(OperatorProcess):
-    """`mmprep-operator run` as the chart's pod runs it: one namespace, the chart's policy file."""
-
-    def __init__(self, cluster: Cluster, *, log_dir: Path, namespace: str, policy_file: Path) -> None:
-        super().__init__(cluster, log_dir=log_dir)
-        self.namespace = namespace
-        self.policy_file = policy_file
-
-    def command(self) -> list[str]:
-        full = super().command()
-        # Same executable and ports as the shared helper, but scoped like the chart's pod.
-        return [
-            full[0], "run", "--namespace", self.namespace, "--policy-file", str(self.policy_file),
-            "--kubeconfig", str(self.cluster.kubeconfig), "--liveness-port", str(self.health_port),
-            "--metrics-port", str(self.metrics_port), "--log-format", "text",
-        ]  # fmt: skip
-
-
 @pytest.fixture
 def other_namespace(kube: Kube) -> Iterator[str]:
     """A namespace the operator does not watch."""
@@ -64,18 +46,22 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
     cluster: Cluster,
     crd: str,
     kube: Kube,
-    namespace: str,
+    private_namespace: str,
     other_namespace: str,
     model_dir: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
+    namespace = private_namespace  # watched by this test's operator only
     model = model_dir("qwen2-vl")
     with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
         token_config = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
         policy = tmp_path / "policy.yaml"
         policy.write_text(release.policy_text(kube))
         sa_cluster = Cluster(kubeconfig=token_config, bin_dir=cluster.bin_dir, state_dir=cluster.state_dir)
-        operator = ScopedOperator(sa_cluster, log_dir=tmp_path, namespace=namespace, policy_file=policy)
+        # As the chart's pod runs it: one namespace, the chart's policy file, the SA's token.
+        operator = OperatorProcess(
+            sa_cluster, log_dir=tmp_path, namespaces=[namespace], policy_file=policy, extra_args=["--log-format", "text"]
+        )
         operator.start()
         try:
             obj = full_reconcile(kube, namespace, model)
