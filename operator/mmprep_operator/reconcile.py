@@ -79,8 +79,10 @@ class Reconciler:
         try:
             return await self._reconcile(namespace, name)
         except ApiError as e:
-            if e.status == 404 and await self.api.get_resource(namespace, name) is None:
-                # Deleted while we worked on it (its status or children went with it): done.
+            gone = e.status == 404 and await self.api.get_resource(namespace, name) is None
+            # Deleted while we worked on it, or its namespace is going away with everything in it:
+            # nothing to report, and nowhere to report it.
+            if gone or _namespace_terminating(e):
                 self.metrics.set_conditions((namespace, name), None)
                 return Outcome("gone")
             raise
@@ -129,7 +131,7 @@ class Reconciler:
                     deployments[obj["metadata"]["name"]] = _deployment_state(applied)
             await self._prune(owner, set(plan.deployment_names.values()))
         except ApiError as e:
-            if not e.permanent:
+            if not e.permanent or _namespace_terminating(e):
                 raise
             failed = True
             problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
@@ -274,6 +276,12 @@ class Reconciler:
             # Events are best effort: never fail a reconcile for one.
             log.warning("could not post event", extra={"reason": event.reason, "error": str(e)})
         log.info(event.message, extra={"namespace": owner.namespace, "resource": owner.name, "event": event.reason})
+
+
+def _namespace_terminating(error: ApiError) -> bool:
+    # The API server's NamespaceLifecycle admission answers 403 with this wording; there is no
+    # separate reason code for it.
+    return error.status == 403 and "because it is being terminated" in error.message
 
 
 def _parse_status(raw: Any) -> api.MultimodalPreprocessorStatus | None:

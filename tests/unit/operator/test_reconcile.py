@@ -244,3 +244,16 @@ async def test_a_resource_being_deleted_is_left_to_the_garbage_collector(cluster
     assert (await cluster.reconcile()).kind == "gone"
     assert cluster.api.kinds("Deployment") == {}
     assert (len(cluster.api.applies), len(cluster.api.events)) == (applies, events)
+
+
+async def test_a_terminating_namespace_ends_the_reconcile_quietly(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    cluster.api.reject["m-nvidia-gb300"] = ApiError(
+        403, "Forbidden", 'deployments.apps "m-nvidia-gb300" is forbidden: unable to create new content in namespace ns '
+        "because it is being terminated"
+    )
+    writes = cluster.api.status_writes
+    assert (await cluster.reconcile()).kind == "gone"
+    assert cluster.api.status_writes == writes  # no ApplyFailed reported into a namespace being deleted
