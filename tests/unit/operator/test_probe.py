@@ -105,3 +105,18 @@ def test_parse_result_accepts_snake_and_camel_keys_and_rejects_garbage() -> None
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_the_runtimes_own_answers_parse() -> None:
+    """Contract with ``mmprep-runtime probe``: its failure answer (built by the runtime's own code)
+    and a recorded success answer (captured from it on a qwen2-vl folder) both parse."""
+    from mmprep_runtime import probe as runtime_probe
+
+    failed = runtime_probe.render(runtime_probe.failure("/models/m", "model folder '/models/m' does not exist"))
+    outcome = probe.read_outcome(job(("Failed", "BackoffLimitExceeded")), [pod("Failed", failed)])
+    assert outcome.message == "the model did not load: model folder '/models/m' does not exist"
+
+    recorded = (DATA / "probe-runtime-qwen2-vl.json").read_text()
+    result = probe.parse_result(recorded)
+    assert (result.cloneable, result.fast_image_processor, result.declared_workers, result.path_if_gpu) == (True, True, 2, "gpu")
+    assert result.versions["transformers"]
