@@ -118,3 +118,28 @@ def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
     env = plan.objects[0]["spec"]["template"]["spec"]["containers"][0]["env"]
     values = [e["value"] for e in env if e["name"] == "MMPREP_PROCESSOR_WORKERS"]
     assert values[-1] == "1"  # Kubernetes uses the last duplicate
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_runtime_accepts_the_rendered_commands_and_env(case: str) -> None:
+    """Contract with ``mmprep-runtime``: its own parser takes every command the operator renders,
+    and its settings read the env names the operator sets."""
+    from mmprep_runtime import cli as runtime_cli
+    from mmprep_runtime import settings as runtime_settings
+
+    parser = runtime_cli.build_parser()
+    for obj in render_case(*CASES[case]):
+        if obj["kind"] not in ("Deployment", "Job"):
+            continue
+        container = obj["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"][0] == "mmprep-runtime"
+        args = parser.parse_args(container["command"][1:])
+        assert args.command == ("serve" if obj["kind"] == "Deployment" else "probe")
+        if obj["kind"] == "Deployment":
+            assert args.port == 8080
+            env = {e["name"] for e in container["env"]}
+            assert {
+                runtime_settings.ENV_PROCESSOR_WORKERS,
+                runtime_settings.ENV_IO_WORKERS,
+                runtime_settings.ENV_DEVICE,
+            } <= env
