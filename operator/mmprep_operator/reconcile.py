@@ -296,4 +296,10 @@ def _parse_status(raw: Any) -> api.MultimodalPreprocessorStatus | None:
 
 def _deployment_state(deployment: Mapping[str, Any]) -> status.DeploymentState:
     st = deployment.get("status") or {}
-    return status.DeploymentState(replicas=int(st.get("replicas") or 0), ready_replicas=int(st.get("readyReplicas") or 0))
+    generation = int((deployment.get("metadata") or {}).get("generation") or 0)
+    return status.DeploymentState(
+        replicas=int(st.get("replicas") or 0),
+        ready_replicas=int(st.get("readyReplicas") or 0),
+        updated_replicas=int(st.get("updatedReplicas") or 0),
+        observed=int(st.get("observedGeneration") or 0) >= generation,
+    )

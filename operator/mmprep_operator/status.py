@@ -37,6 +37,13 @@ class Problem:
 class DeploymentState:
     replicas: int = 0
     ready_replicas: int = 0
+    updated_replicas: int = 0
+    #: The Deployment controller has seen the latest spec (observedGeneration >= generation).
+    observed: bool = True
+
+    def rolled_out(self, desired: int) -> bool:
+        """All desired pods run the current template: ready pods of an old one do not count."""
+        return self.observed and self.updated_replicas >= desired
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +139,10 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     # the pools they serve stay in the status (the conditions say why nothing moves).
     pools = [_pool_status(d, obs) for d in obs.decisions] if planned else list(previous.pools)
     desired = sum(p.replicas for p in pools)
-    ready = sum(p.ready_replicas for p in pools)
+    # Capped per pool: during a rolling update old and new pods are both ready for a moment.
+    ready = sum(min(p.ready_replicas, p.replicas) for p in pools)
     current = sum(obs.deployments.get(p.deployment, DeploymentState()).replicas for p in pools)
+    rolling = [p.name for p in pools if not obs.deployments.get(p.deployment, DeploymentState()).rolled_out(p.replicas)]
 
     probed, cloneable = _probe_conditions(obs.probe)
     probe_failed = obs.probe is not None and obs.probe.state == "Failed"
@@ -164,6 +173,8 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         ready_cond = ("False", probed[1], probed[2])
     elif desired == 0:
         ready_cond = ("True", "ScaledToZero", "0 replicas asked for")
+    elif ready >= desired and rolling and planned:
+        ready_cond = ("False", "RollingOut", f"pods of pool(s) {', '.join(rolling)} are being replaced by the current spec")
     elif ready >= desired:
         ready_cond = ("True", "AllReplicasReady", f"{ready}/{desired} pods ready in {len(pools)} pool(s)")
     else:

@@ -126,4 +126,4 @@ class FakeKubeApi:
 
     def set_ready(self, deployment: str, ready: int, namespace: str = "ns") -> None:
         dep = self.objects[("Deployment", namespace, deployment)]
-        dep["status"] = {"replicas": dep["spec"]["replicas"], "readyReplicas": ready}
+        dep["status"] = {"replicas": dep["spec"]["replicas"], "readyReplicas": ready, "updatedReplicas": dep["spec"]["replicas"]}

@@ -20,7 +20,10 @@ def probe_status(state: str = "Succeeded", **result) -> api.ProbeStatus:
     )
 
 
-def observation(*, ready: int = 0, probe: api.ProbeStatus | None = None, problem=None, spec=None, cloneable=True, **kw) -> status.Observation:
+def observation(
+    *, ready: int = 0, updated: int = 2, observed: bool = True, probe: api.ProbeStatus | None = None, problem=None, spec=None,
+    cloneable=True, **kw,
+) -> status.Observation:
     spec = spec or gpu_spec()
     probe = probe or probe_status(cloneable=cloneable)
     (pool,) = pools.group([make_node("h200-a", H200, gpus=8)], spec).pools
@@ -34,7 +37,7 @@ def observation(*, ready: int = 0, probe: api.ProbeStatus | None = None, problem
         decisions=decisions,
         deployment_names={pool.name: name},
         replicas={pool.name: 2},
-        deployments={name: status.DeploymentState(replicas=2, ready_replicas=ready)},
+        deployments={name: status.DeploymentState(replicas=2, ready_replicas=ready, updated_replicas=updated, observed=observed)},
     )
 
 
@@ -125,3 +128,14 @@ def test_a_pool_that_vanishes_after_planning_is_announced() -> None:
     gone = status.fold(decided, status.Observation(1, SELECTOR, probe=probe_status(), problem=status.Problem("NoEligibleNodes", "x")), T1)
     assert gone.pools == []
     assert ("Normal", "PoolRemoved") in [(e.type, e.reason) for e in status.events(decided, gone)]
+
+
+def test_ready_waits_for_a_rollout_of_the_current_template() -> None:
+    # A new decision rolled the pods: old pods are still ready, the new ones are not all there.
+    rolling = status.fold(None, observation(ready=2, updated=1), T0)
+    assert cond(rolling, "Ready") == ("False", "RollingOut")
+    unseen = status.fold(None, observation(ready=2, observed=False), T0)
+    assert cond(unseen, "Ready") == ("False", "RollingOut")
+    surge = status.fold(None, observation(ready=3, updated=2), T0)
+    assert cond(surge, "Ready") == ("True", "AllReplicasReady")
+    assert surge.ready_summary == "2/2"  # never more ready than desired
