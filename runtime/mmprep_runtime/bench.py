@@ -69,7 +69,9 @@ class Workload:
     def job(self, processor: Any) -> None:
         request = self.request
         if self.decode and self.jpeg is not None:
-            image = decoding.decode_image(self.jpeg, "image", max_pixels=Limits().max_image_pixels)
+            image = decoding.decode_image(
+                self.jpeg, "image", max_pixels=Limits().max_image_pixels, as_tensor=self.facts.fast_image_processor
+            )
             request = dataclasses.replace(request, images=(image,))
         pipeline.process(processor, request, self.facts)
 
@@ -81,7 +83,11 @@ def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode:
     audio: tuple[Any, ...] = ()
     if facts.takes_images:
         jpeg = testing_media.jpeg(*size)
-        images = (decoding.decode_image(jpeg, "image", max_pixels=Limits().max_image_pixels),)
+        images = (
+            decoding.decode_image(
+                jpeg, "image", max_pixels=Limits().max_image_pixels, as_tensor=facts.fast_image_processor
+            ),
+        )
         if facts.image_token:
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:

@@ -34,7 +34,14 @@ def b64decode(item: str, what: str) -> bytes:
         raise errors.BadMedia(f"{what} is not valid base64: {exc}") from None
 
 
-def decode_image(data: bytes, what: str, *, max_pixels: int) -> Image.Image:
+def decode_image(data: bytes, what: str, *, max_pixels: int, as_tensor: bool = False) -> Any:
+    """A checked RGB image: a PIL image, or with ``as_tensor`` a CHW uint8 torch tensor.
+
+    Tensors are for fast (torchvision) image processors. JPEGs then decode with torchvision's
+    libjpeg-turbo op, which releases the GIL and skips the PIL -> array copy (about 2 ms of
+    GIL-held time per 1280x960 image, which otherwise serializes the worker threads). The pixels
+    are identical to PIL's.
+    """
     try:
         image = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -50,6 +57,8 @@ def decode_image(data: bytes, what: str, *, max_pixels: int) -> Image.Image:
         raise errors.MediaTooLarge(
             f"{what} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}"
         )
+    if as_tensor and image.format == "JPEG":
+        return _decode_jpeg_tensor(data, what)
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
@@ -57,7 +66,25 @@ def decode_image(data: bytes, what: str, *, max_pixels: int) -> Image.Image:
         raise errors.BadMedia(f"{what} could not be decoded: {exc}") from None
     if image.mode != "RGB":
         image = image.convert("RGB")
+    if as_tensor:
+        import torch
+
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)
     return image
+
+
+def _decode_jpeg_tensor(data: bytes, what: str) -> Any:
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    # bytearray: torch.frombuffer needs a writable buffer (a bytes object would warn).
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        return decode_jpeg(encoded, mode=ImageReadMode.RGB)
+    except RuntimeError as exc:
+        # Truncated or corrupt data; the library's message is long, its last line says what.
+        reason = str(exc).strip().splitlines()[-1].rsplit(", ", 1)[-1] if str(exc).strip() else type(exc).__name__
+        raise errors.BadMedia(f"{what} could not be decoded: {reason}") from None
 
 
 def decode_wav(data: bytes, what: str, *, target_rate: int, max_seconds: float) -> np.ndarray[Any, Any]:

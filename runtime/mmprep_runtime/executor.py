@@ -231,15 +231,19 @@ class ProcessorPool(Generic[P]):
             self._observer.queue_wait(started - job.enqueued)
             with self._state_lock:
                 self._busy += 1
+            outcome: tuple[bool, Any]
             try:
-                result = job.function(self._processor(), *job.args)
+                outcome = (True, job.function(self._processor(), *job.args))
             except BaseException as exc:  # noqa: BLE001 - the job fails, never the worker
-                job.future.set_exception(exc)
+                outcome = (False, exc)
+            # Account before resolving the future: whoever awaits it may read the stats next.
+            elapsed = time.perf_counter() - started
+            with self._state_lock:
+                self._busy -= 1
+                self._busy_seconds += elapsed
+            self._observer.processing(elapsed)
+            succeeded, value = outcome
+            if succeeded:
+                job.future.set_result(value)
             else:
-                job.future.set_result(result)
-            finally:
-                elapsed = time.perf_counter() - started
-                with self._state_lock:
-                    self._busy -= 1
-                    self._busy_seconds += elapsed
-                self._observer.processing(elapsed)
+                job.future.set_exception(value)

@@ -87,7 +87,10 @@ def decode_request(body: bytes, facts: ProcessorFacts, limits: Limits) -> Prepro
 
     decoded_images = tuple(
         decoding.decode_image(
-            decoding.b64decode(item, f"images[{index}]"), f"images[{index}]", max_pixels=limits.max_image_pixels
+            decoding.b64decode(item, f"images[{index}]"),
+            f"images[{index}]",
+            max_pixels=limits.max_image_pixels,
+            as_tensor=facts.fast_image_processor,
         )
         for index, item in enumerate(images)
     )

@@ -70,3 +70,20 @@ def test_bytes_that_are_not_wav_are_refused():
 def test_24_bit_audio_is_refused_with_the_supported_widths():
     with pytest.raises(errors.BadMedia, match="24-bit samples"):
         decoding.decode_wav(_wav(np.zeros(30, dtype=np.uint8), 16000, 3), "audio[0]", target_rate=16000, max_seconds=5)
+
+
+@pytest.mark.parametrize("encode", [testing_media.jpeg, testing_media.png])
+def test_tensor_decoding_gives_the_same_pixels_as_pil(encode):
+    import torch
+
+    data = encode(40, 30)
+    pil = decoding.decode_image(data, "images[0]", max_pixels=10_000)
+    tensor = decoding.decode_image(data, "images[0]", max_pixels=10_000, as_tensor=True)
+    assert tensor.dtype == torch.uint8 and tuple(tensor.shape) == (3, 30, 40)
+    assert torch.equal(tensor, torch.from_numpy(np.array(pil)).permute(2, 0, 1))
+
+
+def test_a_truncated_jpeg_is_refused_by_the_tensor_decoder_too():
+    data = testing_media.jpeg(200, 150)
+    with pytest.raises(errors.BadMedia, match="images\\[1\\] could not be decoded: .*truncated"):
+        decoding.decode_image(data[: len(data) // 2], "images[1]", max_pixels=10**6, as_tensor=True)
