@@ -24,8 +24,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TRITON_CACHE_DIR=/tmp/.cache/triton \
     MPLCONFIGDIR=/tmp/.cache/matplotlib
 # A named user (not just a number): some libraries look the user up in /etc/passwd.
-RUN groupadd --system --gid 10001 mmprep \
- && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+RUN groupadd --system --gid 65532 mmprep \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
       --shell /usr/sbin/nologin mmprep
 
 # pip lives only here, in a venv of its own; final stages borrow it through a bind mount and
@@ -38,6 +38,8 @@ RUN python3 -m venv /opt/tools
 FROM tools AS wheel
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+# auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
+ARG WHEELHOUSE=auto
 RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=README.md,target=/src/README.md \
     --mount=type=bind,source=runtime,target=/src/runtime \
@@ -54,6 +56,8 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
 FROM tools AS operator-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+# auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
+ARG WHEELHOUSE=auto
 RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
@@ -67,6 +71,8 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
 FROM tools AS runtime-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
+# auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
+ARG WHEELHOUSE=auto
 RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
@@ -84,7 +90,7 @@ RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
     --mount=type=bind,from=wheel,source=/dist,target=/dist \
     /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
       install --no-deps --no-index /dist/*.whl
-USER 10001:10001
+USER 65532:65532
 ENTRYPOINT ["mmprep-operator"]
 CMD ["run"]
 
@@ -95,7 +101,7 @@ RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
     --mount=type=bind,from=wheel,source=/dist,target=/dist \
     /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
       install --no-deps --no-index /dist/*.whl
-USER 10001:10001
+USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["mmprep-runtime"]
 CMD ["serve", "--help"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds both mmprep images on this machine: mmprep/operator:$IMAGE_TAG and mmprep/runtime:$IMAGE_TAG.
+# Builds both mmprep images on this machine: mmprep-operator:$IMAGE_TAG and mmprep-runtime:$IMAGE_TAG.
 #
 #   hack/docker/build-images.sh [operator|runtime ...]       default: both
 #
@@ -7,10 +7,11 @@
 #   BASE_IMAGE        base for both images; default `local`: the debootstrap image from
 #                     build-base.sh (no registry needed). Online: BASE_IMAGE=python:3.11-slim-bookworm
 #   MMPREP_WHEELHOUSE 1 (default): fill ./wheelhouse from the host (wheelhouse.sh) and build
-#                     offline; 0: leave ./wheelhouse as it is (empty -> pip uses PyPI in the build)
+#                     offline; 0: build online (pip reaches PyPI from inside the build)
 #   PIP_CERT_FILE     CA bundle handed to an online build as the `pip-cert` secret
 #                     (default /etc/ssl/certs/ca-certificates.crt when it exists)
-#   IMAGE_REPO, IMAGE_TAG  image names: $IMAGE_REPO/<target>:$IMAGE_TAG (default mmprep/...:dev)
+#   IMAGE_PREFIX, IMAGE_TAG  image names: $IMAGE_PREFIX<target>:$IMAGE_TAG
+#                     (default mmprep-operator:<version in pyproject.toml>)
 #
 # Rebuilds are cached by BuildKit: dependencies change only with pyproject.toml, so a source edit
 # costs one small wheel stage and one small layer per image.
@@ -26,16 +27,18 @@ base=${BASE_IMAGE:-local}
 if [ "$base" = local ]; then "$here/build-base.sh"; base=$LOCAL_BASE_IMAGE; fi
 if [ "${MMPREP_WHEELHOUSE:-1}" = 1 ]; then "$here/wheelhouse.sh" "${targets[@]}"; fi
 
+wheelhouse_mode=auto
+[ "${MMPREP_WHEELHOUSE:-1}" = 1 ] || wheelhouse_mode=off
 secret=()
 cert=${PIP_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 if [ -s "$cert" ]; then secret=(--secret "id=pip-cert,src=$cert"); fi
 
 for t in "${targets[@]}"; do
   case "$t" in operator|runtime) ;; *) die "unknown target '$t' (operator or runtime)";; esac
-  image="$IMAGE_REPO/$t:$IMAGE_TAG"
+  image="$IMAGE_PREFIX$t:$IMAGE_TAG"
   log "building $image from $base"
   start=$(date +%s)
-  "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" \
+  "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" --build-arg "WHEELHOUSE=$wheelhouse_mode" \
     "${secret[@]}" --tag "$image" "$repo" >"$DOCKER_CACHE/build-$t.log" 2>&1 \
     || { tail -40 "$DOCKER_CACHE/build-$t.log" >&2; die "building $image failed (log: $DOCKER_CACHE/build-$t.log)"; }
   size=$(docker image inspect --format '{{.Size}}' "$image")

@@ -6,8 +6,10 @@ MMPREP_CACHE=${MMPREP_CACHE:-$HOME/.cache/mmprep}
 DOCKER_CACHE="$MMPREP_CACHE/docker"
 # The locally built base image: Debian bookworm minbase + python3 + venv + CA certificates.
 LOCAL_BASE_IMAGE=${LOCAL_BASE_IMAGE:-mmprep-base:bookworm}
-IMAGE_REPO=${IMAGE_REPO:-mmprep}
-IMAGE_TAG=${IMAGE_TAG:-dev}
+# Images are $IMAGE_PREFIX<target>:$IMAGE_TAG, e.g. mmprep-runtime:0.1.0: the names the operator
+# and the chart default to, so a local build runs without overriding any image value.
+IMAGE_PREFIX=${IMAGE_PREFIX:-mmprep-}
+IMAGE_TAG=${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../../pyproject.toml")}
 
 log() { printf '[%s %s] %s\n' "$(basename "$0")" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -115,6 +115,22 @@ def test_images_run_as_non_root_and_the_operator_image_has_no_torch(images: dict
     assert images[OPERATOR_IMAGE] < images[RUNTIME_IMAGE]
 
 
+def test_operator_image_also_builds_online_with_the_ca_bundle_as_a_build_secret(images: dict[str, int]) -> None:
+    """The online path (no wheelhouse: pip reaches PyPI inside the build, trusting the CA bundle
+    handed in as the `pip-cert` secret). The operator target only: the runtime's wheels are GBs."""
+    import os
+
+    tag = f"online-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "MMPREP_WHEELHOUSE": "0", "IMAGE_TAG": tag}
+    done = subprocess.run([str(DOCKER_HACK / "build-images.sh"), "operator"], env=env, capture_output=True, text=True, timeout=1200, check=False)
+    try:
+        assert done.returncode == 0, done.stderr[-4000:]
+        image = f"mmprep-operator:{tag}"
+        assert "mmprep-operator" in docker("run", "--rm", *RESTRICTED, image, "--version").stdout
+    finally:
+        docker("rmi", f"mmprep-operator:{tag}", check=False)
+
+
 def test_runtime_image_serves_preprocessing_read_only_as_non_root(
     images: dict[str, int], container: Callable[..., str], model_dir: Callable[..., Path], tmp_path: Path
 ) -> None:
