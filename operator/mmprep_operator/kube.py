@@ -5,9 +5,10 @@ plain JSON dicts (no generated model classes: every object here is rendered as a
 Unit tests substitute an in-memory fake. Credentials come from the kubernetes client's config
 loaders (KUBECONFIG or in-cluster), which also refresh expiring tokens.
 
-Conflicts: server-side apply with ``force`` takes ownership of the fields it sets, so applies do
-not conflict; creating an object that exists returns the existing one; optimistic-concurrency
-patches (adding an owner to a shared probe Job) surface ``Conflict`` for the caller to retry.
+Conflicts: server-side apply surfaces a field owned by another manager as ``Conflict``; the
+reconciler then forces only objects its resource controls (see ``reconcile._apply``). Creating an
+object that exists returns the existing one; optimistic-concurrency patches (adding an owner to a
+shared probe Job) surface ``Conflict`` for the caller to retry.
 """
 
 from __future__ import annotations
@@ -51,13 +52,30 @@ class ApiError(Exception):
 
 
 class Conflict(ApiError):
-    """409: the object changed (or exists) meanwhile."""
+    """409: the object changed (or exists) meanwhile, or another field manager owns a field."""
+
+
+class ForeignObject(ApiError):
+    """An object the operator would write exists and belongs to someone else: never overwritten."""
+
+    def __init__(self, kind: str, namespace: str, name: str) -> None:
+        super().__init__(
+            409,
+            "AlreadyExists",
+            f"{kind} {namespace}/{name} exists and is not managed by this resource; "
+            "rename the resource or remove that object",
+        )
+
+    @property
+    def permanent(self) -> bool:
+        return True
 
 
 class KubeApi(Protocol):
     async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]: ...
+    async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     async def delete_deployment(self, namespace: str, name: str) -> None: ...
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -179,7 +197,8 @@ class RestKubeApi:
 
     # ------------------------------------------------------------------------------ children
 
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]:
+        """Server-side apply. Unforced, a field another manager set answers 409 (``Conflict``)."""
         meta = obj["metadata"]
         path = f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{quote(meta['name'])}"
         result = await self._call(
@@ -187,9 +206,12 @@ class RestKubeApi:
             path,
             body=obj,
             content_type="application/apply-patch+yaml",  # JSON is YAML
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"},
         )
         return result or {}
+
+    async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._call("GET", f"{collection_path(api_version, kind, namespace)}/{quote(name)}", missing_ok=True)
 
     async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         path = collection_path("apps/v1", "Deployment", namespace)

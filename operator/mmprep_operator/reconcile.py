@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from mmprep_operator import api, probe, render, status
 from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.kube import ApiError, Conflict, KubeApi
+from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.naming import short_hash
 from mmprep_operator.nodes import NodeFacts
@@ -126,7 +126,7 @@ class Reconciler:
         failed = False
         try:
             for obj in plan.objects:
-                applied = await self._apply(obj)
+                applied = await self._apply(owner, obj)
                 if obj["kind"] == "Deployment":
                     deployments[obj["metadata"]["name"]] = _deployment_state(applied)
             await self._prune(owner, set(plan.deployment_names.values()))
@@ -134,7 +134,10 @@ class Reconciler:
             if not e.permanent or _namespace_terminating(e):
                 raise
             failed = True
-            problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
+            if isinstance(e, ForeignObject):
+                problem = status.Problem("NameConflict", e.message)
+            else:
+                problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
         obs = status.Observation(
             generation,
             selector,
@@ -202,17 +205,33 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------- children
 
-    async def _apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply; a 409 (the object was being replaced or deleted meanwhile) is retried
-        at once a few times before it goes to the caller's backoff."""
+    async def _apply(self, owner: render.Owner, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply that never takes over someone else's object.
+
+        Unforced first: for our own, unchanged objects that is all. A 409 means another field
+        manager owns a field we set: if our resource controls the object (someone scaled or edited
+        our Deployment), force it back; if not (a user's Service with the same name), refuse
+        with ``ForeignObject`` and leave it alone. An object that vanishes or changes in between is
+        retried at once a few times before the caller's backoff takes over.
+        """
+        meta = obj["metadata"]
         for attempt in range(_APPLY_ATTEMPTS):
             try:
-                return await self.api.apply(obj)
+                return await self.api.apply(obj, force=False)
             except Conflict:
-                if attempt == _APPLY_ATTEMPTS - 1:
-                    raise
-                log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "name": obj["metadata"]["name"]})
-        raise AssertionError("unreachable")
+                existing = await self.api.get_object(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+                if existing is None:
+                    continue  # deleted meanwhile: apply creates it on the next attempt
+                refs = (existing.get("metadata") or {}).get("ownerReferences") or ()
+                if not any(r.get("uid") == owner.uid and r.get("controller") for r in refs):
+                    raise ForeignObject(obj["kind"], meta["namespace"], meta["name"]) from None
+                try:
+                    return await self.api.apply(obj, force=True)
+                except Conflict:
+                    if attempt == _APPLY_ATTEMPTS - 1:
+                        raise
+                    log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "name": meta["name"]})
+        raise Conflict(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} kept changing during apply")
 
     async def _prune(self, owner: render.Owner, keep: set[str]) -> None:
         """Delete this resource's Deployments of pools that no longer exist."""

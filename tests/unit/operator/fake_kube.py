@@ -33,6 +33,7 @@ class FakeKubeApi:
         self.applies: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.reject: dict[str, ApiError] = {}  # object name -> error on apply
+        self.foreign_fields: set[tuple[str, str, str]] = set()  # objects with fields another manager owns
         self._version = 0
 
     def _rv(self) -> str:
@@ -57,16 +58,28 @@ class FakeKubeApi:
         self.resources[(namespace, name)]["status"] = copy.deepcopy(dict(status))
 
     # children
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]:
         meta = obj["metadata"]
         if meta["name"] in self.reject:
             raise self.reject[meta["name"]]
         key = (obj["kind"], meta["namespace"], meta["name"])
+        if key in self.foreign_fields and not force:
+            raise Conflict(409, "Conflict", "Apply failed with 1 conflict: conflict with \"kubectl\": .spec")
+        self.foreign_fields.discard(key)
         self.applies.append((obj["kind"], meta["name"]))
         existing = self.objects.get(key, {})
         merged = {**copy.deepcopy(dict(obj)), "status": existing.get("status", {})}
         self.objects[key] = merged
         return copy.deepcopy(merged)
+
+    async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def add_foreign(self, kind: str, name: str, body: dict[str, Any], namespace: str = "ns") -> None:
+        """An object someone else wrote (another field manager owns its fields)."""
+        self.objects[(kind, namespace, name)] = {"kind": kind, "metadata": {"name": name, "namespace": namespace}, **body}
+        self.foreign_fields.add((kind, namespace, name))
 
     def kinds(self, kind: str) -> dict[str, dict[str, Any]]:
         return {name: o for (k, _, name), o in self.objects.items() if k == kind}

@@ -185,14 +185,17 @@ async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster) -> None:
     cluster.api.add_resource("m", GPU_SPEC)
     await cluster.reconcile()
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    # Someone edits our Deployment (kubectl scale): unforced apply conflicts, forcing conflicts once more.
+    cluster.api.foreign_fields.add(("Deployment", "ns", "m-nvidia-gb300"))
     real_apply = cluster.api.apply
     conflicts = {"left": 1}
 
-    async def flaky_apply(obj):
-        if conflicts["left"]:
+    async def flaky_apply(obj, *, force):
+        if conflicts["left"] and force:
             conflicts["left"] -= 1
             raise Conflict(409, "Conflict", "the object has been modified")
-        return await real_apply(obj)
+        return await real_apply(obj, force=force)
 
     cluster.api.apply = flaky_apply  # type: ignore[method-assign]
     assert (await cluster.reconcile()).kind == "done"
@@ -257,3 +260,29 @@ async def test_a_terminating_namespace_ends_the_reconcile_quietly(cluster: Clust
     writes = cluster.api.status_writes
     assert (await cluster.reconcile()).kind == "gone"
     assert cluster.api.status_writes == writes  # no ApplyFailed reported into a namespace being deleted
+
+
+
+async def test_a_foreign_object_with_our_name_is_never_overwritten(cluster: Cluster) -> None:
+    cluster.api.add_foreign("Service", "m", {"spec": {"selector": {"app": "the-users-own"}}})
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    assert (await cluster.reconcile()).kind == "error"
+    service = cluster.api.objects[("Service", "ns", "m")]
+    assert service["spec"]["selector"] == {"app": "the-users-own"} and "ownerReferences" not in service["metadata"]
+    assert cluster.condition("Degraded") == ("True", "NameConflict")
+    message = next(c["message"] for c in cluster.status()["conditions"] if c["type"] == "Degraded")
+    assert message.startswith("Service ns/m exists and is not managed by this resource")
+
+
+async def test_our_own_object_edited_by_someone_else_is_taken_back(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    dep = cluster.api.objects[("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e")]
+    dep["spec"]["replicas"] = 9
+    cluster.api.foreign_fields.add(("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e"))
+    assert (await cluster.reconcile()).kind == "done"
+    assert cluster.api.objects[("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e")]["spec"]["replicas"] == 2

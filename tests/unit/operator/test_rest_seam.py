@@ -112,26 +112,29 @@ async def test_resource_reads_and_status_replacement(seam) -> None:
 async def test_apply_is_forced_server_side_apply_with_our_field_manager(seam) -> None:
     api, fake = seam
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"}, "spec": {}}
-    applied = await api.apply(deployment)
+    applied = await api.apply(deployment, force=True)
     assert applied["status"] == {"readyReplicas": 1}
     req = fake.requests[-1]
     assert (req["method"], req["path"]) == ("PATCH", "/apis/apps/v1/namespaces/ns/deployments/d")
     assert req["content_type"] == "application/apply-patch+yaml"
     assert req["query"] == {"fieldManager": "mmprep-operator", "force": "true"}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ns"}}
-    await api.apply(service)
+    await api.apply(service, force=False)
     assert fake.requests[-1]["path"] == "/api/v1/namespaces/ns/services/s"
+    assert fake.requests[-1]["query"]["force"] == "false"
+    await api.get_object("v1", "Service", "ns", "s")
+    assert (fake.requests[-1]["method"], fake.requests[-1]["path"]) == ("GET", "/api/v1/namespaces/ns/services/s")
 
 
 async def test_rejections_carry_the_servers_message_and_permanence(seam) -> None:
     api, _ = seam
     bad = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "bad", "namespace": "ns"}}
     with pytest.raises(ApiError) as caught:
-        await api.apply(bad)
+        await api.apply(bad, force=True)
     assert caught.value.status == 422 and caught.value.permanent
     assert "volumes[0]: Required value" in caught.value.message
     with pytest.raises(ValueError, match="does not write ConfigMap"):
-        await api.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}})
+        await api.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}, force=True)
 
 
 async def test_creating_an_existing_job_returns_it_and_owner_conflicts_surface(seam) -> None:
