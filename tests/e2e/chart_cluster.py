@@ -30,6 +30,8 @@ class ChartRelease:
     cluster: Cluster
     name: str
     namespace: str
+    #: What `helm install` printed after the chart's NOTES.txt was rendered.
+    notes: str = ""
 
     @property
     def service_account(self) -> str:
@@ -70,9 +72,9 @@ def installed_chart(cluster: Cluster, namespace: str, values: dict[str, Any]) ->
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(values, f)
         f.flush()
-        helm("install", name, str(CHART), "--namespace", namespace, "-f", f.name, "--wait", "--timeout", "120s", env=env, timeout=180)
+        done = helm("install", name, str(CHART), "--namespace", namespace, "-f", f.name, "--wait", "--timeout", "120s", env=env, timeout=180)
     try:
-        yield ChartRelease(cluster=cluster, name=name, namespace=namespace)
+        yield ChartRelease(cluster=cluster, name=name, namespace=namespace, notes=done.stdout.partition("NOTES:")[2])
     finally:
         helm("uninstall", name, "--namespace", namespace, "--wait", env=env, timeout=180, check=False)
 

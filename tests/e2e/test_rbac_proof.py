@@ -55,6 +55,8 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
     namespace = private_namespace  # watched by this test's operator only
     model = model_dir("qwen2-vl")
     with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
+        # The install's NOTES tell the user where the operator watches and how to upgrade CRDs.
+        assert f"in: {namespace}." in release.notes and "kubectl apply --server-side -f" in release.notes, release.notes
         token_config = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
         policy = tmp_path / "policy.yaml"
         policy.write_text(release.policy_text(kube))
