@@ -2,8 +2,9 @@
 
 Built by hack/docker/build-images.sh (the same script as `make images`; cached, so this is quick
 after the first time). Skipped, with the reason, only where no Docker engine can be started.
-The runtime runs as its own non-root user on a read-only root filesystem with only /tmp writable,
-all capabilities dropped: the restricted settings the operator gives runtime pods.
+The runtime containers are the ones `mmprep-operator render` produces (command, args, env, user,
+read-only root filesystem, dropped capabilities, emptyDir /tmp, the models volume), run by Docker
+the way a kubelet would: image and operator are tested together, not each against a guess.
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+import yaml
 
 from packaging_support import (
     DOCKER_HACK,
+    REPO,
     OPERATOR_IMAGE,
     RUNTIME_IMAGE,
     docker,
     image_config,
     image_size_mb,
     require_docker,
+    venv_script,
 )
 from support.kube import wait_for
 
@@ -131,28 +135,81 @@ def test_operator_image_also_builds_online_with_the_ca_bundle_as_a_build_secret(
         docker("rmi", f"mmprep-operator:{tag}", check=False)
 
 
-def test_runtime_image_serves_preprocessing_read_only_as_non_root(
+def _rendered_pod(spec: dict, kind: str, tmp_path: Path) -> dict:
+    """The pod spec of the Deployment or probe Job `mmprep-operator render` makes for ``spec``."""
+    cr = {"apiVersion": "mmprep.dev/v1alpha1", "kind": "MultimodalPreprocessor", "metadata": {"name": "docker"}, "spec": spec}
+    cr_file = tmp_path / "cr.yaml"
+    cr_file.write_text(yaml.safe_dump(cr))
+    nodes = REPO / "hack" / "nodes.yaml"
+    done = subprocess.run(
+        [venv_script("mmprep-operator"), "render", "-f", str(cr_file), "--nodes", str(nodes), "--with-probe-job"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (obj,) = [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == kind]
+    return dict(obj["spec"]["template"]["spec"])
+
+
+def _docker_args(pod: dict, host_paths: dict[str, Path]) -> list[str]:
+    """`docker run` arguments that run the pod's container as a kubelet would: its command, args
+    and env, its user, read-only root, dropped capabilities, emptyDirs as tmpfs, the named volumes
+    from ``host_paths``. Anything this does not understand fails the test (no silent drift)."""
+    (c,) = pod["containers"]
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    args = ["--user", f"{psc['runAsUser']}:{psc.get('runAsGroup', psc['runAsUser'])}"]
+    if csc.get("readOnlyRootFilesystem"):
+        args.append("--read-only")
+    if "ALL" in csc.get("capabilities", {}).get("drop", []):
+        args += ["--cap-drop", "ALL"]
+    if csc.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in c.get("volumeMounts", []):
+        volume = volumes[m["name"]]
+        if "emptyDir" in volume:
+            args += ["--tmpfs", f"{m['mountPath']}:rw,size=512m,mode=1777"]
+        else:
+            args += ["-v", f"{host_paths[m['name']]}:{m['mountPath']}:ro"]
+    for e in c.get("env", []):
+        assert "value" in e, f"env {e['name']} is not a plain value: {e}"
+        args += ["-e", f"{e['name']}={e['value']}"]
+    return [*args, "--entrypoint", c["command"][0], RUNTIME_IMAGE, *c["command"][1:], *c.get("args", [])]
+
+
+def _models(model_dir: Callable[..., Path], tmp_path: Path, *kinds: str) -> Path:
+    """A folder laid out like the examples' model volume (/models/<kind>), readable by the pod's user."""
+    root = tmp_path / "models"
+    root.mkdir()
+    for kind in kinds:
+        _readable_copy(model_dir(kind), root / kind)
+    root.chmod(0o755)
+    return root
+
+
+def test_runtime_image_runs_the_deployment_the_operator_renders_and_serves(
     images: dict[str, int], container: Callable[..., str], model_dir: Callable[..., Path], tmp_path: Path
 ) -> None:
-    model = _readable_copy(model_dir("qwen2-vl"), tmp_path / "qwen2-vl")
-    cid = container(
-        *RESTRICTED, "--user", f"{RUNTIME_UID}:{RUNTIME_UID}", "-p", "127.0.0.1::8080",
-        "-v", f"{model}:/models/qwen2-vl:ro", "-e", "MMPREP_PROCESSOR_WORKERS=2",
-        RUNTIME_IMAGE, "serve", "--model", "/models/qwen2-vl",
-    )  # fmt: skip
-    host_port = docker("port", cid, "8080/tcp").stdout.split()[0]
-    base = f"http://{host_port}"
+    """The container of a rendered runtime Deployment (examples/cpu-pool.yaml), run by Docker the
+    way a kubelet would run it: non-root, read-only root filesystem, only /tmp writable."""
+    spec = yaml.safe_load((REPO / "examples" / "cpu-pool.yaml").read_text())["spec"]
+    pod = _rendered_pod(spec, "Deployment", tmp_path)
+    (rendered,) = pod["containers"]
+    port = rendered["ports"][0]["containerPort"]
+    models = _models(model_dir, tmp_path, "qwen2-vl")
+    cid = container("-p", f"127.0.0.1::{port}", *_docker_args(pod, {"models": models}))
+    base = f"http://{docker('port', cid, f'{port}/tcp').stdout.split()[0]}"
+    readiness = rendered["readinessProbe"]["httpGet"]["path"]
 
     def ready() -> bool:
         state = json.loads(docker("inspect", cid).stdout)[0]["State"]
         assert state["Running"], f"the runtime container exited:\n{_logs(cid)}"
         try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+            with urllib.request.urlopen(f"{base}{readiness}", timeout=5) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
-    wait_for(ready, 180, what="the runtime container's /readyz", describe=lambda: _logs(cid))
+    wait_for(ready, 180, what=f"the runtime container's {readiness}", describe=lambda: _logs(cid))
     status, answer = _post(f"{base}/v1/preprocess", json.dumps({"text": "describe <|image_pad|>", "images": [_png()]}).encode())
     assert status == 200, answer
     assert answer["input_ids"] and answer["tensors"]["pixel_values"]["dtype"] == "float32"
@@ -162,34 +219,39 @@ def test_runtime_image_serves_preprocessing_read_only_as_non_root(
     assert 400 <= status < 500, (status, error)
     status, _ = _post(f"{base}/v1/preprocess", json.dumps({"text": "again <|image_pad|>", "images": [_png(80, 60)]}).encode())
     assert status == 200
+    # The decision the operator wrote into the env is the one the server runs with.
+    env = {e["name"]: e["value"] for e in rendered["env"]}
     with urllib.request.urlopen(f"{base}/v1/info", timeout=10) as resp:
         info = json.loads(resp.read())
-    assert info["workers"]["processor"] == 2 and info["workers"]["reason"] == "Explicit"
+    assert info["workers"]["processor"] == int(env["MMPREP_PROCESSOR_WORKERS"])
+    assert info["workers"]["io"] == int(env["MMPREP_IO_WORKERS"])
+    assert info["device"] == env["MMPREP_DEVICE"]
     # The metrics the chart's alerts are written against, from the real server.
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
     for name in ("mmprep_worker_busy_seconds_total", "mmprep_processor_workers", "mmprep_queue_wait_seconds_bucket"):
         assert f"\n{name}" in metrics, f"{name} missing from /metrics"
-    # It really runs as the non-root user.
     assert docker("exec", cid, "id", "-u").stdout.strip() == RUNTIME_UID
 
 
 @pytest.mark.parametrize(("kind", "cloneable"), [("qwen2-vl", True), ("uncloneable", False)])
-def test_probe_in_the_image_writes_its_answer_to_the_termination_log(
+def test_probe_job_the_operator_renders_writes_its_answer_to_the_termination_log(
     images: dict[str, int], model_dir: Callable[..., Path], tmp_path: Path, kind: str, cloneable: bool
 ) -> None:
-    model = _readable_copy(model_dir(kind), tmp_path / kind)
-    out = tmp_path / "termination"
-    out.mkdir()
-    out.chmod(0o777)
-    done = docker(
-        "run", "--rm", *RESTRICTED, "--network", "none", "-v", f"{model}:/models/m:ro", "-v", f"{out}:/termination",
-        RUNTIME_IMAGE, "probe", "--model", "/models/m", "--termination-log", "/termination/log",
-        # The uncloneable test processor is custom code (a processor class of its own).
-        *(["--trust-remote-code"] if kind == "uncloneable" else []),
-    )  # fmt: skip
+    """The container of a rendered probe Job, with its terminationMessagePath as a host file."""
+    spec = {
+        "model": {"path": f"/models/{kind}", "trustRemoteCode": kind == "uncloneable"},
+        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "mmprep-models"}}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    }
+    pod = _rendered_pod(spec, "Job", tmp_path)
+    message_path = pod["containers"][0].get("terminationMessagePath", "/dev/termination-log")
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    message.chmod(0o666)
+    done = docker("run", "--rm", "--network", "none", "-v", f"{message}:{message_path}", *_docker_args(pod, {"models": _models(model_dir, tmp_path, kind)}))
     stdout = json.loads(done.stdout)
-    raw = (out / "log").read_bytes()
+    raw = message.read_bytes()
     assert len(raw) < 4096, "a termination message must stay under 4 KiB"
     written = json.loads(raw)
     assert written["cloneable"] is cloneable and stdout["cloneable"] is cloneable
