@@ -150,7 +150,7 @@ def _rendered_pod(spec: dict, kind: str, tmp_path: Path) -> dict:
     return dict(obj["spec"]["template"]["spec"])
 
 
-def _docker_args(pod: dict, host_paths: dict[str, Path]) -> list[str]:
+def _docker_args(pod: dict, host_paths: dict[str, Path], *, image: str = RUNTIME_IMAGE, namespace: str = "default") -> list[str]:
     """`docker run` arguments that run the pod's container as a kubelet would: its command, args
     and env, its user, read-only root, dropped capabilities, emptyDirs as tmpfs, the named volumes
     from ``host_paths``. Anything this does not understand fails the test (no silent drift)."""
@@ -166,14 +166,19 @@ def _docker_args(pod: dict, host_paths: dict[str, Path]) -> list[str]:
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     for m in c.get("volumeMounts", []):
         volume = volumes[m["name"]]
-        if "emptyDir" in volume:
+        if volume.get("emptyDir") is not None:
             args += ["--tmpfs", f"{m['mountPath']}:rw,size=512m,mode=1777"]
         else:
             args += ["-v", f"{host_paths[m['name']]}:{m['mountPath']}:ro"]
     for e in c.get("env", []):
-        assert "value" in e, f"env {e['name']} is not a plain value: {e}"
-        args += ["-e", f"{e['name']}={e['value']}"]
-    return [*args, "--entrypoint", c["command"][0], RUNTIME_IMAGE, *c["command"][1:], *c.get("args", [])]
+        if "value" in e:
+            args += ["-e", f"{e['name']}={e['value']}"]
+        else:
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace", f"env {e['name']}: {e}"
+            args += ["-e", f"{e['name']}={namespace}"]
+    if c.get("command"):
+        return [*args, "--entrypoint", c["command"][0], image, *c["command"][1:], *c.get("args", [])]
+    return [*args, image, *c.get("args", [])]  # the image's ENTRYPOINT, as in the chart
 
 
 def _models(model_dir: Callable[..., Path], tmp_path: Path, *kinds: str) -> Path:
@@ -260,7 +265,7 @@ def test_probe_job_the_operator_renders_writes_its_answer_to_the_termination_log
         assert written["error"], "a processor that cannot be cloned says why"
 
 
-def test_operator_image_reconciles_with_the_charts_token_on_the_local_control_plane(
+def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_plane(
     images: dict[str, int],
     container: Callable[..., str],
     cluster,  # noqa: ANN001 - fixtures from tests/conftest.py
@@ -270,37 +275,65 @@ def test_operator_image_reconciles_with_the_charts_token_on_the_local_control_pl
     model_dir: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
-    """The operator image, host network, the chart's ServiceAccount token: a full reconcile."""
+    """The operator Deployment the chart installed, its container run from the operator image as a
+    kubelet would run it: in-cluster configuration from a projected ServiceAccount token (the
+    chart's account, so exactly the chart's rights), the policy ConfigMap mounted, restricted
+    security settings, host network standing in for the pod network. A full reconcile follows."""
+    import base64
+
+    import yaml as _yaml
+
     from chart_cluster import full_reconcile, installed_chart
 
     namespace = private_namespace  # watched by this container only
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
-        release.token_kubeconfig(kube, conf / "kubeconfig")
-        (conf / "policy.yaml").write_text(release.policy_text(kube))
-        for f in conf.iterdir():
-            f.chmod(0o644)
-        conf.chmod(0o755)
-        health = _free_port()
+    health, metrics = _free_port(), _free_port()  # host network: the chart's default ports may be taken
+    values = {
+        "watchNamespaces": [namespace],
+        "replicaCount": 0,  # this control plane runs no images; Docker runs the pod below
+        "operator": {"livenessPort": health, "metricsPort": metrics, "logFormat": "text"},
+    }
+    with installed_chart(cluster, namespace, values) as release:
+        deployment = kube.api.sanitize_for_serialization(kube.apps.read_namespaced_deployment(release.operator_name, namespace))
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == release.service_account
+
+        # What the kubelet would mount: the policy ConfigMap, and the projected token with the CA.
+        policy = tmp_path / "policy"
+        policy.mkdir()
+        (policy / "policy.yaml").write_text(release.policy_text(kube))
+        account = tmp_path / "serviceaccount"
+        account.mkdir()
+        sa_config = _yaml.safe_load(release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig").read_text())
+        (account / "token").write_text(sa_config["users"][0]["user"]["token"])
+        (account / "ca.crt").write_bytes(base64.b64decode(sa_config["clusters"][0]["cluster"]["certificate-authority-data"]))
+        (account / "namespace").write_text(namespace)
+        for d in (policy, account):
+            for f in [d, *d.iterdir()]:
+                f.chmod(0o755 if f.is_dir() else 0o644)
+        server = sa_config["clusters"][0]["cluster"]["server"].removeprefix("https://")
+        host, _, port = server.rpartition(":")
         cid = container(
-            *RESTRICTED, "--network", "host", "-v", f"{conf}:/etc/mmprep:ro", OPERATOR_IMAGE,
-            "run", "--namespace", namespace, "--kubeconfig", "/etc/mmprep/kubeconfig",
-            "--policy-file", "/etc/mmprep/policy.yaml", "--liveness-port", str(health), "--metrics-port", "0",
-            "--log-format", "text",
+            "--network", "host",
+            "-e", f"KUBERNETES_SERVICE_HOST={host}", "-e", f"KUBERNETES_SERVICE_PORT={port}",
+            "-v", f"{account}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+            *_docker_args(pod, {"policy": policy}, image=OPERATOR_IMAGE, namespace=namespace),
         )  # fmt: skip
+        probe = pod["containers"][0]["livenessProbe"]["httpGet"]
+        assert probe["port"] in {p["name"] for p in pod["containers"][0]["ports"]}
 
         def healthy() -> bool:
             state = json.loads(docker("inspect", cid).stdout)[0]["State"]
             assert state["Running"], f"the operator container exited:\n{_logs(cid)}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}{probe['path']}", timeout=3) as resp:
                     return resp.status == 200
             except (urllib.error.URLError, OSError):
                 return False
 
-        wait_for(healthy, 60, what="the operator container's /healthz", describe=lambda: _logs(cid))
+        wait_for(healthy, 60, what="the operator container's liveness endpoint", describe=lambda: _logs(cid))
         full_reconcile(kube, namespace, model_dir("qwen2-vl"), name=f"image-{uuid.uuid4().hex[:4]}")
         logs = _logs(cid)
         assert "probe job created" in logs and namespace in logs, logs
         assert "Forbidden" not in logs, logs
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as resp:
+            assert b"mmprep" in resp.read()
