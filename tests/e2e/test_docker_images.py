@@ -37,7 +37,9 @@ from packaging_support import (
 )
 from support.kube import wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# The first test pays for building the images in its setup: minutes on a new machine (debootstrap,
+# 2.9 GB of wheels, the runtime's 6 GB of layers), seconds once cached.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 RESTRICTED = ["--read-only", "--tmpfs", "/tmp:rw,size=512m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
 RUNTIME_UID = "65532"

@@ -25,7 +25,8 @@ from example_scenarios import expected_pools, load_example, wait_until_decided_a
 from packaging_support import DOCKER_HACK, HACK, docker, docker_engine
 from support.kube import Kube, wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Setup builds and loads the images and creates the cluster: many minutes the first time.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 CLUSTER = os.environ.get("KIND_CLUSTER", "mmprep-e2e")
 NAMESPACE = "mmprep-demo"
