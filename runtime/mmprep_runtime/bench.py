@@ -3,8 +3,9 @@
 For each worker count the real engine is started (same loading, decision and pool as ``serve``,
 with the count given explicitly) and kept busy by a closed loop with one job in flight per worker:
 the completion callback submits the next job from the worker thread itself, so a worker never
-waits for the load generator, and latency is service time rather than queueing. Before the
-sweep, the processor is called directly in one thread: the baseline for the pool's overhead.
+waits for the load generator, and latency is service time rather than queueing. The processor is
+also called directly in one thread: the baseline for the pool's overhead. All configurations are
+measured in interleaved rounds, so background load on a shared machine hits them alike.
 
 Images are decoded once up front (``--decode`` makes every job decode its JPEG too, for the
 end-to-end CPU cost). Output: a table and a progress line on stderr, the JSON on stdout (and in
@@ -241,6 +242,16 @@ def measure_pool(running: engine.Engine, workload: Workload, duration: float, pr
     )
 
 
+def _merge(parts: list[Measurement]) -> Measurement:
+    first = parts[0]
+    return Measurement(
+        first.label, first.workers, first.intra_op_threads,
+        sum(p.requests for p in parts), sum(p.seconds for p in parts),
+        [latency for p in parts for latency in p.latencies], sum(p.cpu_seconds for p in parts),
+        max(p.rss_bytes for p in parts),
+    )
+
+
 def run(
     settings: loading.ModelSettings,
     workers: list[int],
@@ -251,27 +262,46 @@ def run(
     decode: bool = False,
     progress: bool = True,
     intra_op_threads: int | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    processor, facts = loading.load_processor(settings)
-    workload = build_workload(facts, size, decode)
+    """Measure the direct call and each worker count for ``duration`` seconds each.
+
+    The time is split into ``rounds`` interleaved rounds (direct, 1 worker, 2 workers, direct, ...)
+    so a change in the machine's background load hits every configuration alike and the ratios
+    between them stay meaningful on a shared machine.
+    """
+    if rounds < 1:
+        raise BenchError(f"rounds must be at least 1, got {rounds}")
     import torch
 
-    torch.set_num_threads(1)  # the direct baseline is one thread, like one worker
-    if warmup > 0:
-        measure_direct(processor, workload, warmup, False)
-    direct = measure_direct(processor, workload, duration, progress).summary()
-    del processor
+    processor, facts = loading.load_processor(settings)
+    workload = build_workload(facts, size, decode)
+    engines: dict[int, engine.Engine] = {}
+    try:
+        for count in workers:
+            engines[count] = engine.start_engine(settings, processor_workers=count, intra_op_threads=intra_op_threads)
+        torch.set_num_threads(1)  # the direct baseline is one thread, like one worker (start_engine set it)
+        if warmup > 0:
+            measure_direct(processor, workload, warmup, False)
+            for running in engines.values():
+                measure_pool(running, workload, warmup, False)
+        slice_ = duration / rounds
+        direct_parts: list[Measurement] = []
+        pool_parts: dict[int, list[Measurement]] = {count: [] for count in engines}
+        for _ in range(rounds):
+            direct_parts.append(measure_direct(processor, workload, slice_, progress))
+            for count, running in engines.items():
+                pool_parts[count].append(measure_pool(running, workload, slice_, progress))
+        reasons = {count: running.decision.reason.value for count, running in engines.items()}
+    finally:
+        for running in engines.values():
+            running.close()
+    direct = _merge(direct_parts).summary()
     results = []
     for count in workers:
-        running = engine.start_engine(settings, processor_workers=count, intra_op_threads=intra_op_threads)
-        try:
-            if warmup > 0:
-                measure_pool(running, workload, warmup, False)
-            results.append(measure_pool(running, workload, duration, progress).summary())
-            info = running.info()
-        finally:
-            running.close()
-        results[-1]["reason"] = info["workers"]["reason"]
+        summary = _merge(pool_parts[count]).summary()
+        summary["reason"] = reasons[count]
+        results.append(summary)
     one = next((r for r in results if r["workers"] == 1), None)
     for result in results:
         if one and one["req_per_s"]:
@@ -286,6 +316,7 @@ def run(
         "image": f"{size[0]}x{size[1]}" if facts.takes_images else None,
         "decode_in_job": decode,
         "duration_s": duration,
+        "rounds": rounds,
         "usable_cpus": engine.cpus.usable_cpus(),
         "direct": direct,
         "results": results,
@@ -318,6 +349,8 @@ def main(args: argparse.Namespace) -> int:
         size = parse_size(args.image)
         if args.duration <= 0:
             raise BenchError(f"--duration must be positive, got {args.duration}")
+        if args.rounds < 1:
+            raise BenchError(f"--rounds must be at least 1, got {args.rounds}")
     except (SettingsError, BenchError) as exc:
         print(f"mmprep-runtime bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -325,6 +358,7 @@ def main(args: argparse.Namespace) -> int:
         report = run(
             settings, workers, duration=args.duration, size=size, warmup=args.warmup,
             decode=args.decode, progress=not args.no_progress, intra_op_threads=args.intra_op_threads,
+            rounds=args.rounds,
         )
     except loading.ModelLoadError as exc:
         print(f"mmprep-runtime bench: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ answer without importing torch or transformers (seconds on a busy node).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", default="1,2,4", help="comma-separated worker counts to measure")
     bench.add_argument("--duration", type=float, default=10.0, help="seconds of load per worker count")
     bench.add_argument("--image", default="1280x960", help="synthetic image size WxH, one image per request")
+    bench.add_argument("--rounds", type=int, default=3,
+                       help="interleaved rounds the duration is split into (fair under changing load)")
     bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
     bench.add_argument("--intra-op-threads", type=_positive_int, default=None,
                        help="torch threads per worker (default: usable CPUs / workers, as serve does)")
@@ -92,8 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prefer_passive_openmp() -> None:
+    """Idle OpenMP threads sleep instead of spinning (unless the environment says otherwise).
+
+    torch's OpenMP threads spin for a while after each parallel region by default. Between two
+    short preprocessing ops that spinning burns the CPU the decode threads and the other workers
+    need, and under a CPU quota it is throttled time. libgomp reads this once, when torch is
+    imported, so it is set here, before any command imports torch.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("serve", "bench"):
+        _prefer_passive_openmp()
     if args.command == "make-model":
         from mmprep_runtime import testing_models
 

