@@ -6,7 +6,8 @@ only decides *which* resources to look at again, and only when something that ma
 - a resource: its generation or its reprobe annotation changed (its own status writes are not);
 - a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
   re-queues every resource, because eligibility is per resource and cheap to recompute;
-- a child Deployment: its replica counts changed or it was deleted, which re-queues its owner;
+- a child Deployment or Service: someone changed it, its replica counts changed, or it was
+  deleted, which re-queues its owner (see ``children``);
 - a probe Job: its state changed, which re-queues the resources of its namespace.
 
 A periodic resync is the safety net under all of this.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mmprep_operator import api, probe
+from mmprep_operator.children import ChildStore
 from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.nodes import NodeFacts, node_facts
@@ -45,7 +47,8 @@ class Controller:
     # Last seen facts, to tell changes that matter from heartbeats.
     _resources: dict[Key, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     _nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
-    _children: dict[tuple[str, str, str], tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    #: Shared with the reconciler: what the watch shows of the children.
+    children: ChildStore = dataclasses.field(default_factory=ChildStore)
     _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------------------- events
@@ -75,28 +78,12 @@ class Controller:
             self.requeue_all()
 
     def child_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if not self.children.observe(kind, event_type, body):
+            return
         meta = body.get("metadata") or {}
         namespace = meta.get("namespace", "")
-        ident = (kind, namespace, meta.get("name", ""))
-        st = body.get("status") or {}
-        if event_type == "DELETED":
-            self._children.pop(ident, None)
-            fingerprint: tuple[Any, ...] | None = None
-        else:
-            fingerprint = (
-                (body.get("spec") or {}).get("replicas"),
-                st.get("replicas"),
-                st.get("readyReplicas"),
-                st.get("updatedReplicas"),
-                st.get("active"),
-                st.get("succeeded"),
-                st.get("failed"),
-                tuple(sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or ())),
-            )
-            if self._children.get(ident) == fingerprint:
-                return
-            self._children[ident] = fingerprint
         if kind == "Job":
+            # A probe Job may serve several resources of its namespace (one per model).
             for key in self._resources:
                 if key[0] == namespace:
                     self.queue.add(key)

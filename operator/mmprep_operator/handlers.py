@@ -61,6 +61,7 @@ def build_registry() -> kopf.OperatorRegistry:
         # Filter children on the server: in a large cluster the operator must not stream every
         # Deployment and Job just to drop all but its own (the handlers' labels= filter client-side).
         settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
+        settings.watching.label_selectors["", "services"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["batch", "jobs"] = _selector(_PROBE_LABELS)
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
@@ -91,6 +92,10 @@ def build_registry() -> kopf.OperatorRegistry:
     @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS, registry=registry)
     def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Deployment", type, body)
+
+    @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS, registry=registry)
+    def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("Service", type, body)
 
     @kopf.on.event("batch", "v1", "jobs", labels=_PROBE_LABELS, registry=registry)
     def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, probe, render, status
+from mmprep_operator import api, children, probe, render, status
+from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
 from mmprep_operator.metrics import Metrics
@@ -67,6 +68,10 @@ class Reconciler:
     probe_cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
     #: Names this operator instance in the Events it posts (the pod name in a cluster).
     instance: str = dataclasses.field(default_factory=socket.gethostname)
+    #: Children as the watch shows them (fed by the controller); lets unchanged applies be skipped.
+    children: ChildStore = dataclasses.field(default_factory=ChildStore)
+    #: Per resource, the Deployment names of its last successful prune.
+    _desired: dict[tuple[str, str], frozenset[str]] = dataclasses.field(default_factory=dict)
 
     def _remember(self, key: tuple[str, str], result: api.ProbeResult) -> None:
         # Bounded: one entry per distinct model and namespace; the oldest goes first.
@@ -91,6 +96,7 @@ class Reconciler:
         body = await self.api.get_resource(namespace, name)
         if body is None:
             self.metrics.set_conditions((namespace, name), None)
+            self._desired.pop((namespace, name), None)
             return Outcome("gone")
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
@@ -126,10 +132,22 @@ class Reconciler:
         failed = False
         try:
             for obj in plan.objects:
-                applied = await self._apply(owner, obj)
+                child = obj["metadata"]["name"]
+                if self.children.unchanged_since_apply(obj):
+                    # Applied before and untouched since (the watch says so): no call needed.
+                    state = self.children.deployment_state(namespace, child) if obj["kind"] == "Deployment" else None
+                else:
+                    applied = await self._apply(owner, obj)
+                    self.children.record_apply(obj, applied)
+                    state = children.deployment_state(applied) if obj["kind"] == "Deployment" else None
                 if obj["kind"] == "Deployment":
-                    deployments[obj["metadata"]["name"]] = _deployment_state(applied)
-            await self._prune(owner, set(plan.deployment_names.values()))
+                    deployments[child] = state or status.DeploymentState()
+            desired = frozenset(plan.deployment_names.values())
+            if self._desired.get((namespace, name)) != desired:
+                # Listing and pruning is needed only when the set of pools changed (or is unknown,
+                # after a restart): a pool's Deployment can only be left over then.
+                await self._prune(owner, set(desired))
+                self._desired[(namespace, name)] = desired
         except ApiError as e:
             if not e.permanent or _namespace_terminating(e):
                 raise
@@ -312,13 +330,3 @@ def _parse_status(raw: Any) -> api.MultimodalPreprocessorStatus | None:
         # A status from another version of the operator: start over rather than crash.
         return None
 
-
-def _deployment_state(deployment: Mapping[str, Any]) -> status.DeploymentState:
-    st = deployment.get("status") or {}
-    generation = int((deployment.get("metadata") or {}).get("generation") or 0)
-    return status.DeploymentState(
-        replicas=int(st.get("replicas") or 0),
-        ready_replicas=int(st.get("readyReplicas") or 0),
-        updated_replicas=int(st.get("updatedReplicas") or 0),
-        observed=int(st.get("observedGeneration") or 0) >= generation,
-    )

@@ -28,7 +28,9 @@ class OperatorState:
 
     async def start(self, nodes: Callable[[], Iterable[NodeFacts]]) -> None:
         self.api = await RestKubeApi.connect(self.kubeconfig, self.context)
-        self.controller.start(Reconciler(api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics))
+        self.controller.start(
+            Reconciler(api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics, children=self.controller.children)
+        )
 
     async def stop(self) -> None:
         await self.controller.stop()

@@ -34,6 +34,7 @@ class FakeKubeApi:
         self.deleted: list[str] = []
         self.reject: dict[str, ApiError] = {}  # object name -> error on apply
         self.foreign_fields: set[tuple[str, str, str]] = set()  # objects with fields another manager owns
+        self.stamp_markers = False  # give applied objects generation/resourceVersion like the server
         self._version = 0
 
     def _rv(self) -> str:
@@ -69,6 +70,12 @@ class FakeKubeApi:
         self.applies.append((obj["kind"], meta["name"]))
         existing = self.objects.get(key, {})
         merged = {**copy.deepcopy(dict(obj)), "status": existing.get("status", {})}
+        if self.stamp_markers:
+            # Like the API server: generation moves when the spec changes, resourceVersion always.
+            old_meta = existing.get("metadata", {})
+            generation = old_meta.get("generation", 0) + (existing.get("spec") != merged.get("spec"))
+            merged["metadata"]["generation"] = generation
+            merged["metadata"]["resourceVersion"] = self._rv()
         self.objects[key] = merged
         return copy.deepcopy(merged)
 
@@ -139,4 +146,9 @@ class FakeKubeApi:
 
     def set_ready(self, deployment: str, ready: int, namespace: str = "ns") -> None:
         dep = self.objects[("Deployment", namespace, deployment)]
-        dep["status"] = {"replicas": dep["spec"]["replicas"], "readyReplicas": ready, "updatedReplicas": dep["spec"]["replicas"]}
+        dep["status"] = {
+            "replicas": dep["spec"]["replicas"],
+            "readyReplicas": ready,
+            "updatedReplicas": dep["spec"]["replicas"],
+            "observedGeneration": dep["metadata"].get("generation", 0),
+        }

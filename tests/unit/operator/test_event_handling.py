@@ -138,3 +138,28 @@ async def test_a_failing_reconcile_is_retried_with_backoff_and_counted() -> None
     finally:
         await c.stop()
     assert not c.healthy()
+
+
+async def test_service_changes_by_anyone_wake_the_owner_once() -> None:
+    c = Controller(metrics=Metrics())
+    c.resource_event(None, resource("m"))
+    queued(c)
+    owner = [{"apiVersion": "mmprep.dev/v1alpha1", "kind": "MultimodalPreprocessor", "name": "m"}]
+    svc = {"metadata": {"name": "m", "namespace": "ns", "ownerReferences": owner, "resourceVersion": "7"}, "spec": {}}
+    c.child_event("Service", None, svc)
+    assert queued(c) == [("ns", "m")]
+    c.child_event("Service", "MODIFIED", svc)
+    assert queued(c) == []
+    c.child_event("Service", "MODIFIED", {**svc, "metadata": {**svc["metadata"], "resourceVersion": "8"}})
+    assert queued(c) == [("ns", "m")]
+
+
+async def test_job_status_writes_that_change_nothing_do_not_wake_anyone() -> None:
+    c = Controller(metrics=Metrics())
+    c.resource_event(None, resource("m"))
+    queued(c)
+    job = {"metadata": {"name": "mmprep-probe-x", "namespace": "ns", "resourceVersion": "1"}, "status": {"active": 1}}
+    c.child_event("Job", None, job)
+    assert queued(c) == [("ns", "m")]
+    c.child_event("Job", "MODIFIED", {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}})
+    assert queued(c) == []

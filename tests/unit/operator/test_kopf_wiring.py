@@ -23,14 +23,16 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
     assert registry._changing.get_all_handlers() == []
     assert registry._spawning.get_all_handlers() == []
     watched = {(h.selector.group, h.selector.any_name) for h in registry._watching.get_all_handlers()}
-    assert watched == {("", "nodes"), ("mmprep.dev", "multimodalpreprocessors"), ("apps", "deployments"), ("batch", "jobs")}
+    assert watched == {
+        ("", "nodes"), ("mmprep.dev", "multimodalpreprocessors"), ("apps", "deployments"), ("", "services"), ("batch", "jobs"),
+    }
     assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
 
 
 def test_two_registries_do_not_share_handlers() -> None:
     a, b = build_registry(), build_registry()
     assert a is not b
-    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 4
+    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 5
 
 
 def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.Path) -> None:
@@ -70,6 +72,7 @@ async def test_startup_filters_children_on_the_server_and_starts_the_workers() -
     selectors = {(s.group, s.any_name): v for s, v in settings.watching.label_selectors._items.items()}
     assert selectors == {
         ("apps", "deployments"): "app.kubernetes.io/managed-by=mmprep-operator",
+        ("", "services"): "app.kubernetes.io/managed-by=mmprep-operator",
         ("batch", "jobs"): "app.kubernetes.io/component=probe,app.kubernetes.io/managed-by=mmprep-operator",
     }
     assert settings.posting.level == logging.WARNING

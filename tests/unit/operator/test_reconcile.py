@@ -286,3 +286,48 @@ async def test_our_own_object_edited_by_someone_else_is_taken_back(cluster: Clus
     cluster.api.foreign_fields.add(("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e"))
     assert (await cluster.reconcile()).kind == "done"
     assert cluster.api.objects[("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e")]["spec"]["replicas"] == 2
+
+
+def watch_shows(cluster: Cluster) -> None:
+    """Play the watch: feed the store every child as the API now holds it (with markers)."""
+    for (kind, namespace, name), obj in cluster.api.objects.items():
+        if kind in ("Deployment", "Service"):
+            cluster.reconciler.children.observe(kind, "MODIFIED", obj)
+
+
+async def test_unchanged_children_are_not_applied_again_until_someone_touches_them(cluster: Cluster) -> None:
+    cluster.api.stamp_markers = True
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    assert len(cluster.api.applies) == 3  # 2 Deployments + Service
+    watch_shows(cluster)
+    await cluster.reconcile()
+    assert len(cluster.api.applies) == 3  # nothing changed, nothing sent
+
+    # Readiness still comes through, from the watch.
+    for name in cluster.api.kinds("Deployment"):
+        cluster.api.set_ready(name, cluster.api.objects[("Deployment", "ns", name)]["spec"]["replicas"])
+    watch_shows(cluster)
+    await cluster.reconcile()
+    assert len(cluster.api.applies) == 3
+    assert cluster.condition("Ready") == ("True", "AllReplicasReady")
+
+    # Someone edits a Deployment (its generation moves): applied again. Deleted: created again.
+    dep = cluster.api.objects[("Deployment", "ns", "m-nvidia-gb300")]
+    dep["metadata"]["generation"] += 1
+    watch_shows(cluster)
+    await cluster.reconcile()
+    assert cluster.api.applies[3:] == [("Deployment", "m-nvidia-gb300")]
+    await cluster.api.delete_deployment("ns", "m-nvidia-h200-141gb-hbm3e")
+    cluster.reconciler.children.observe("Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-h200-141gb-hbm3e"}})
+    await cluster.reconcile()
+    assert ("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e") in cluster.api.objects
+
+    # A new decision changes the rendered object: applied although nobody touched it.
+    watch_shows(cluster)
+    before = len(cluster.api.applies)
+    cluster.api.resources[("ns", "m")]["spec"] = {**GPU_SPEC, "workers": {"processor": 2}}
+    await cluster.reconcile()
+    assert len(cluster.api.applies) == before + 2  # both Deployments, not the Service

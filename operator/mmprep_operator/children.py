@@ -1,0 +1,112 @@
+"""What the operator knows about its children from watch events, so that a reconcile whose result
+did not change costs no API calls for them.
+
+For each child (Deployment, Service) it keeps two facts and compares them:
+
+- what the operator last applied: a digest of the rendered object and the object's *marker* in
+  the apply's answer;
+- what the watch last showed: the marker, a fingerprint of what should wake the owner, and (for
+  Deployments) the replica counts.
+
+The marker is what changes when anybody changes the object's spec: ``metadata.generation`` for a
+Deployment (its status updates do not move it), ``metadata.resourceVersion`` for a Service (it has
+no generation, and no status that changes on its own). So "same digest, and the watch still shows
+the marker our apply produced" means nobody touched it since: the apply can be skipped. Any doubt
+(nothing watched yet, an operator restart, an edit, a deletion) means apply again, which is safe.
+
+In memory only, no I/O: the controller feeds it events, the reconciler reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mmprep_operator.status import DeploymentState
+
+ChildKey = tuple[str, str, str]  # (kind, namespace, name)
+
+
+def marker_of(kind: str, body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    if kind == "Deployment":
+        return f"generation={meta.get('generation')}"
+    return f"resourceVersion={meta.get('resourceVersion')}"
+
+
+def digest_of(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def deployment_state(body: Mapping[str, Any]) -> DeploymentState:
+    st = body.get("status") or {}
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    return DeploymentState(
+        replicas=int(st.get("replicas") or 0),
+        ready_replicas=int(st.get("readyReplicas") or 0),
+        updated_replicas=int(st.get("updatedReplicas") or 0),
+        observed=int(st.get("observedGeneration") or 0) >= generation,
+    )
+
+
+def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What, when it changes, should make the owner look again (not every status heartbeat)."""
+    st = body.get("status") or {}
+    return (
+        # A Job's resourceVersion moves with every status write; its state fields say enough.
+        marker_of(kind, body) if kind in ("Deployment", "Service") else None,
+        st.get("replicas"),
+        st.get("readyReplicas"),
+        st.get("updatedReplicas"),
+        st.get("observedGeneration"),
+        st.get("active"),
+        st.get("succeeded"),
+        st.get("failed"),
+        tuple(sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or ())),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seen:
+    marker: str
+    fingerprint: tuple[Any, ...]
+    state: DeploymentState | None
+
+
+class ChildStore:
+    def __init__(self) -> None:
+        self._seen: dict[ChildKey, _Seen] = {}
+        self._applied: dict[ChildKey, tuple[str, str]] = {}  # key -> (digest, marker after our apply)
+
+    def observe(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Record a watch event; True when the child's owner should be reconciled again."""
+        meta = body.get("metadata") or {}
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self._seen.pop(key, None)
+            self._applied.pop(key, None)
+            return True
+        fingerprint = _wake_fingerprint(kind, body)
+        old = self._seen.get(key)
+        state = deployment_state(body) if kind == "Deployment" else None
+        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state)
+        return old is None or old.fingerprint != fingerprint
+
+    def record_apply(self, obj: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (obj["kind"], meta["namespace"], meta["name"])
+        self._applied[key] = (digest_of(obj), marker_of(obj["kind"], result))
+
+    def unchanged_since_apply(self, obj: Mapping[str, Any]) -> bool:
+        """The same object was applied before, and the watch shows nobody changed it since."""
+        meta = obj["metadata"]
+        key = (obj["kind"], meta["namespace"], meta["name"])
+        applied, seen = self._applied.get(key), self._seen.get(key)
+        return applied is not None and seen is not None and applied == (digest_of(obj), seen.marker)
+
+    def deployment_state(self, namespace: str, name: str) -> DeploymentState | None:
+        seen = self._seen.get(("Deployment", namespace, name))
+        return seen.state if seen is not None else None
