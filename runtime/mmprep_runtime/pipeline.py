@@ -124,7 +124,9 @@ def process(processor: Any, request: PreprocessRequest, facts: ProcessorFacts) -
         raise errors.Unprocessable(f"the processor rejected the input: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
         raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
-    return {name: value for name, value in dict(outputs).items() if hasattr(value, "shape")}
+    # On the GPU path the image tensors come back on the device; the answer leaves the process,
+    # so it is moved here, on the worker, not on the event loop. A no-op for CPU tensors.
+    return {name: value.cpu() for name, value in dict(outputs).items() if hasattr(value, "cpu")}
 
 
 def _dtype_name(tensor: Any) -> str:

@@ -182,3 +182,40 @@ def test_usable_cpus_is_the_smaller_of_affinity_and_quota(monkeypatch):
 def test_workers_times_threads_never_exceeds_the_cpus(workers, cpu_count, threads):
     assert cpus.intra_op_threads(workers, cpu_count) == threads
     assert workers * threads <= max(cpu_count, workers)
+
+
+def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_worker(monkeypatch, qwen_dir):
+    # No GPU here: CUDA is declared available so the decision and the device patch can be checked;
+    # no request is processed.
+    monkeypatch.setattr(loading, "cuda_available", lambda: True)
+    model = loading.ModelSettings(str(qwen_dir), device=Device.AUTO)
+    running = engine.start_engine(model)
+    try:
+        info = running.info()
+        assert (info["path"], info["device"]) == ("gpu", "cuda")
+        assert info["workers"]["processor"] == 1 and info["workers"]["reason"] == "GPUPathCap"
+        assert "declares 2" in info["workers"]["message"]  # the Qwen2-VL table entry, capped
+        clone = running.pool.submit(lambda processor: processor).result(30)
+        bound = clone.image_processor.preprocess
+        assert bound.__self__ is clone.image_processor, "the device patch rebinds to the worker's clone"
+        assert clone.image_processor._mmprep_default_kwargs == {"preprocess": {"device": "cuda"}}
+    finally:
+        running.close(timeout=30)
+    pil = engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.AUTO, backend=Backend.PIL))
+    try:
+        assert (pil.decision.path, pil.decision.processor_workers) == (Path.CPU, 2)
+    finally:
+        pil.close(timeout=30)
+
+
+def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_still_processes(qwen_dir):
+    import copy
+
+    import torch
+
+    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    loading.bind_device(processor, "cpu")
+    clone = copy.deepcopy(processor)
+    assert clone.image_processor.preprocess.__self__ is clone.image_processor
+    out = clone(text="<|image_pad|>", images=[torch.zeros(3, 56, 56, dtype=torch.uint8)], return_tensors="pt")
+    assert out["pixel_values"].device.type == "cpu" and out["pixel_values"].shape == (16, 1176)
