@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="liveness endpoint port, served at /healthz; 0 disables (default 8081)",
     )
     run.add_argument("--bind-address", default="0.0.0.0", metavar="ADDR", help="address for metrics and liveness (default 0.0.0.0)")
-    run.add_argument("--workers", type=int, default=2, metavar="N", help="concurrent reconciles (default 2)")
+    # Reconciles wait on the API server, not the CPU: a few in parallel keep node-change reactions
+    # fast when many resources share the changed nodes.
+    run.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reconciles (default 4)")
     run.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else KUBECONFIG or ~/.kube/config)")
     run.add_argument("--context", metavar="NAME", help="kubeconfig context")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="log line format (default json)")

@@ -5,7 +5,7 @@ only decides *which* resources to look at again, and only when something that ma
 
 - a resource: its generation or its reprobe annotation changed (its own status writes are not);
 - a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
-  re-queues every resource, because eligibility is per resource and cheap to recompute;
+  re-queues the resources that could place pods on it before or after the change;
 - a child Deployment or Service: someone changed it, its replica counts changed, or it was
   deleted, which re-queues its owner (see ``children``);
 - a probe Job: its state changed, which re-queues the resources of its namespace.
@@ -23,11 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from mmprep_operator import api, probe
 from mmprep_operator.children import ChildStore
 from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
-from mmprep_operator.nodes import NodeFacts, node_facts
+from mmprep_operator.nodes import NodeFacts, eligible, node_facts
 from mmprep_operator.reconcile import Outcome, Reconciler
 from mmprep_operator.workqueue import Backoff, WorkQueue
 
@@ -49,6 +51,8 @@ class Controller:
     _nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
     #: Shared with the reconciler: what the watch shows of the children.
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
+    #: Parsed specs (None: invalid), to tell which resources a node change can affect.
+    _specs: dict[Key, api.MultimodalPreprocessorSpec | None] = dataclasses.field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------------------- events
@@ -58,6 +62,7 @@ class Controller:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
             self._resources.pop(key, None)
+            self._specs.pop(key, None)
             self.queue.forget(key)
             self.backoff.reset(key)
             self.metrics.set_conditions(key, None)
@@ -65,17 +70,28 @@ class Controller:
         fingerprint = (meta.get("generation"), (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE), meta.get("uid"))
         if self._resources.get(key) != fingerprint:
             self._resources[key] = fingerprint
+            try:
+                self._specs[key] = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
+            except ValidationError:
+                self._specs[key] = None  # the reconciler reports it; here it means "always look"
             self.queue.add(key)
 
     def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         facts = node_facts(body)
-        if event_type == "DELETED":
-            changed = self._nodes.pop(facts.name, None) is not None
+        old = self._nodes.get(facts.name)
+        new = None if event_type == "DELETED" else facts
+        if old == new:
+            return  # a heartbeat: nothing pools depend on changed
+        if new is None:
+            self._nodes.pop(facts.name, None)
         else:
-            changed = self._nodes.get(facts.name) != facts
-            self._nodes[facts.name] = facts
-        if changed:
-            self.requeue_all()
+            self._nodes[facts.name] = new
+        for key in list(self._resources):
+            spec = self._specs.get(key)
+            # Only resources that could place pods on the node, before or after, can see a change.
+            # (The count of excluded nodes in a NoEligibleNodes message refreshes at the next resync.)
+            if spec is None or _could_use(spec, old) or _could_use(spec, new):
+                self.queue.add(key)
 
     def child_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         if not self.children.observe(kind, event_type, body):
@@ -145,6 +161,7 @@ class Controller:
         log.info("reconciled", extra={"namespace": key[0], "resource": key[1], "outcome": outcome.kind})
         if outcome.kind == "gone":
             self._resources.pop(key, None)
+            self._specs.pop(key, None)
             self.backoff.reset(key)
             return
         if outcome.kind == "error":
@@ -158,6 +175,21 @@ class Controller:
         while True:
             await asyncio.sleep(self.resync_seconds)
             self.requeue_all()
+
+
+def _could_use(spec: api.MultimodalPreprocessorSpec, node: NodeFacts | None) -> bool:
+    if node is None:
+        return False
+    return (
+        eligible(
+            node,
+            node_selector=spec.node_selector,
+            tolerations=spec.tolerations,
+            affinity=spec.affinity,
+            gpu_resources=spec.resources.gpu_resources(),
+        )
+        is None
+    )
 
 
 def nodes_from_index(index: Any) -> Callable[[], Iterable[NodeFacts]]:

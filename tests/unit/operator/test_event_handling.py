@@ -163,3 +163,23 @@ async def test_job_status_writes_that_change_nothing_do_not_wake_anyone() -> Non
     assert queued(c) == [("ns", "m")]
     c.child_event("Job", "MODIFIED", {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}})
     assert queued(c) == []
+
+
+async def test_a_node_change_wakes_only_resources_that_could_use_the_node() -> None:
+    c = Controller(metrics=Metrics())
+
+    def mmp(name: str, zone: str) -> dict:
+        return {**resource(name), "spec": {"model": {"path": "/m"}, "nodeSelector": {"zone": zone}}}
+
+    c.resource_event(None, mmp("in-a", "a"))
+    c.resource_event(None, mmp("in-b", "b"))
+    c.resource_event(None, {**resource("broken"), "spec": {"model": {}}})  # unparsable: always looks
+    queued(c)
+    c.node_event(None, node({**H200, "zone": "a"}))
+    assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-a")]
+    c.node_event("MODIFIED", node({**H200, "zone": "a", "nvidia.com/gpu.product": "NVIDIA-B200"}))
+    assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-a")]
+    c.node_event("MODIFIED", node({**H200, "zone": "b"}))  # leaves a's pools, joins b's
+    assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-a"), ("ns", "in-b")]
+    c.node_event("DELETED", node({**H200, "zone": "b"}))
+    assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-b")]
