@@ -2,7 +2,8 @@
 
 The session's test operator (tests/conftest.py) watches the `it-*` namespaces. The RBAC proof
 and the operator-image test run an operator of their own with the chart's ServiceAccount token,
-and must be the only operator reconciling their resource, so they use `pkg-*` namespaces.
+and must be the only operator reconciling their resource, so they use `pkg-*` namespaces, which
+also enforce the restricted Pod Security Standard.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ PRIVATE_PREFIX = "pkg-"
 def private_namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{PRIVATE_PREFIX}{stem}-{uuid.uuid4().hex[:5]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
+    # Pod Security Admission enforces the restricted standard here: every pod the chart or the
+    # operator makes in these namespaces (probe Job, runtime Deployments) must pass it.
+    labels = {"mmprep.dev/test": "true", "pod-security.kubernetes.io/enforce": "restricted"}
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
     wait_for(lambda: kube.core.read_namespaced_service_account("default", name), 30, what=f"ServiceAccount {name}/default")
     yield name
     with contextlib.suppress(ApiException):

@@ -57,6 +57,7 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
     with installed_chart(cluster, namespace, {"watchNamespaces": [namespace], "replicaCount": 0}) as release:
         # The install's NOTES tell the user where the operator watches and how to upgrade CRDs.
         assert f"in: {namespace}." in release.notes and "kubectl apply --server-side -f" in release.notes, release.notes
+        _operator_pod_passes_the_restricted_pod_security_standard(kube, namespace, release.operator_name)
         token_config = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
         policy = tmp_path / "policy.yaml"
         policy.write_text(release.policy_text(kube))
@@ -116,6 +117,23 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
         assert not allowed, f"the chart's ServiceAccount may: {allowed}"
         # The foreign Deployment elsewhere is untouched.
         assert kube.apps.read_namespaced_deployment("not-ours", other_namespace).spec.replicas == 0
+
+
+def _operator_pod_passes_the_restricted_pod_security_standard(kube: Kube, namespace: str, deployment: str) -> None:
+    """The chart's operator pod, admitted by Pod Security Admission in enforce=restricted mode.
+
+    Server-side dry run: admission runs in full, nothing is created. The negative control shows
+    the namespace really enforces (the same pod allowed to escalate privileges is refused)."""
+    template = kube.apps.read_namespaced_deployment(deployment, namespace).spec.template
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="pss-check", labels=template.metadata.labels), spec=template.spec)
+    kube.core.create_namespaced_pod(namespace, pod, dry_run="All")
+    pod.spec.containers[0].security_context.allow_privilege_escalation = True
+    try:
+        kube.core.create_namespaced_pod(namespace, pod, dry_run="All")
+    except ApiException as exc:
+        assert exc.status == 403 and "restricted" in str(exc.body), exc.body
+    else:
+        raise AssertionError("the namespace does not enforce the restricted standard; the check above proves nothing")
 
 
 def _operator_leaves_what_it_does_not_own(kube: Kube, namespace: str, obj: dict) -> None:
