@@ -25,6 +25,9 @@ log "installing the CRD (crds/)"
 kc apply --server-side --force-conflicts -f "$REPO_DIR/crds/" >/dev/null
 kc wait --for condition=Established --timeout=60s crd/multimodalpreprocessors.mmprep.dev >/dev/null
 kc api-resources --api-group=mmprep.dev >/dev/null  # refreshes kubectl's discovery cache
+# A new CRD's storage answers 429 "(re)initializing" for a moment; start the operator after that.
+crd_serves() { kc get mmp --all-namespaces -o name >/dev/null 2>&1; }
+wait_until "CRD storage" 60 crd_serves
 
 # The operator runs from this checkout, so a demo after a code change shows that change.
 if pid_alive operator; then

@@ -77,6 +77,13 @@ def crd(cluster: Cluster, kube: Kube) -> str:
         30,
         what="the CRD in API discovery",
     )
+    # A new CRD's storage (watch cache) initializes a moment later; until then lists answer 429
+    # "storage is (re)initializing", and an operator started into that can stall its watch.
+    wait_for(
+        lambda: cluster.kubectl("get", "mmp", "--all-namespaces", "-o", "name", check=False).returncode == 0,
+        60,
+        what="the CRD's storage to serve lists",
+    )
     return name
 
 

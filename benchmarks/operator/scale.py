@@ -174,6 +174,8 @@ def main() -> int:
     cluster = Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
     for crd in sorted((REPO / "crds").glob("*.yaml")):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    # A new CRD's storage answers 429 "(re)initializing" for a moment: start nothing before it serves.
+    wait_for(lambda: cluster.kubectl("get", "mmp", "-A", check=False).returncode == 0, 60, what="the CRD serving lists")
     api = cluster.api_client()
     api.configuration.connection_pool_maxsize = 32
     kube = Kube(api)

@@ -85,15 +85,15 @@ def test_labeling_new_gb300_nodes_creates_their_pool_and_removing_them_deletes_i
         nodes.create(name, "NVIDIA-GB300", {})
     for name in gb300:
         nodes.label(name, mine)
-    obj = kube.wait_mmp(namespace, "mover", lambda o: pool_for(o, "NVIDIA-GB300") is not None, 30, what="a GB300 pool")
+    # The pool may first appear with one node (the labels land one by one); wait for both.
+    obj = kube.wait_mmp(namespace, "mover", lambda o: (pool_for(o, "NVIDIA-GB300") or {}).get("nodes") == 2, 30, what="a GB300 pool of 2")
     gb = pool_for(obj, "NVIDIA-GB300")
-    assert gb["nodes"] == 2
     # The operator's policy (tests/conftest.py) encodes a GB300 GPU-path measurement: 3 workers.
     assert (gb["path"], gb["processorWorkers"], gb["reason"]) == ("gpu", 3, "Override")
     deployment = wait_for(lambda: kube.apps.read_namespaced_deployment(gb["deployment"], namespace), 30, what="GB300 Deployment")
     assert deployment.spec.template.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-GB300"
     # Replicas follow the nodes: 4 pods over two pools of two nodes each.
-    assert sorted(p["replicas"] for p in pools(obj)) == [2, 2]
+    obj = kube.wait_mmp(namespace, "mover", lambda o: sorted(p["replicas"] for p in pools(o)) == [2, 2], 30, what="2 + 2 replicas")
 
     # Removing one label shrinks the pool; removing the nodes deletes it and its Deployment.
     nodes.label(gb300[0], {"mmprep.dev/test-nodes": None})

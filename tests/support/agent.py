@@ -474,8 +474,12 @@ class PodRunner:
         return status
 
     def _phase(self) -> str:
-        if not self.containers or any(c.process is not None for c in self.containers):
-            return "Running" if self.containers else "Pending"
+        # Never a terminal phase before every container ran: controllers count Failed pods (a
+        # Job's backoff limit), and a pod cannot leave a terminal phase.
+        if not self.containers or any(c.process is None and c.terminated is None for c in self.containers):
+            return "Pending"
+        if any(c.process is not None for c in self.containers):
+            return "Running"
         if any(self._will_restart(c) for c in self.containers):
             return "Running"
         codes = [(c.terminated or {}).get("exitCode", 1) for c in self.containers]
