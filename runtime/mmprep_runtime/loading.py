@@ -133,7 +133,8 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
     if backend is policy.Backend.AUTO and folder is not None and _folder_names_pil_class(folder):
         backend = policy.Backend.PIL
     image_processor = getattr(processor, "image_processor", None)
-    if image_processor is not None and backend is not policy.Backend.AUTO and _image_backend(image_processor) != backend.value:
+    wrong_backend = image_processor is not None and _image_backend(image_processor) != backend.value
+    if backend is not policy.Backend.AUTO and wrong_backend:
         try:
             processor.image_processor = AutoImageProcessor.from_pretrained(
                 settings.model, backend=backend.value, **common

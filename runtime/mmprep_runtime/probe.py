@@ -80,7 +80,8 @@ def render(answer: dict[str, Any]) -> str:
     text = json.dumps(answer, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_BYTES:  # only a pathological model name could do this
         error = answer.get("error")
-        answer = {**answer, "model": str(answer.get("model"))[:200], "error": None if error is None else str(error)[:500]}
+        short_error = None if error is None else str(error)[:500]
+        answer = {**answer, "model": str(answer.get("model"))[:200], "error": short_error}
         text = json.dumps(answer, separators=(",", ":"), sort_keys=True)
     return text
 

@@ -207,7 +207,9 @@ async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
         state.settled.set()
 
 
-def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine) -> web.Application:
+def create_app(
+    settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine
+) -> web.Application:
     """The application; nothing is loaded until it starts (the engine loads in the background)."""
     # aiohttp's own body limit backs up ours for bodies without Content-Length (chunked).
     app = web.Application(client_max_size=settings.limits.max_body_bytes)

@@ -207,3 +207,12 @@ def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tm
 def test_bench_refuses_bad_arguments(argv, message, capsys):
     assert cli.main(["bench", "--model", "m", *argv]) == bench.EXIT_USAGE
     assert message in capsys.readouterr().err
+
+
+def test_serve_exits_non_zero_when_the_processor_cannot_load(uncloneable_dir):
+    result = subprocess.run(
+        [*_command(), "serve", "--model", str(uncloneable_dir), "--host", "127.0.0.1", "--port", str(_free_port())],
+        capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1
+    assert "trust_remote_code" in result.stderr and "could not be started" in result.stderr
