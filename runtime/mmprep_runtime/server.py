@@ -93,10 +93,13 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
     )
     del body  # the decoded request is what we keep; the raw body can go
     state.metrics.decode_seconds.observe(time.perf_counter() - started)
+    if not binary:
+        payload = await asyncio.wrap_future(engine.pool.submit(pipeline.process_to_json, decoded, engine.facts))
+        return web.Response(body=payload, content_type=JSON_TYPE)
     outputs = await asyncio.wrap_future(engine.pool.submit(pipeline.process, decoded, engine.facts))
-    encode = pipeline.encode_safetensors if binary else pipeline.encode_json
-    payload = await loop.run_in_executor(engine.io_pool, encode, outputs, engine.facts.model)
-    return web.Response(body=payload, content_type=OCTET_STREAM if binary else JSON_TYPE)
+    # Tens of megabytes to copy: on the IO pool, so the worker is free for the next request.
+    payload = await loop.run_in_executor(engine.io_pool, pipeline.encode_safetensors, outputs, engine.facts.model)
+    return web.Response(body=payload, content_type=OCTET_STREAM)
 
 
 async def handle_preprocess(request: web.Request) -> web.Response:
