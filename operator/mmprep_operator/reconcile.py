@@ -188,11 +188,16 @@ class Reconciler:
             return api.ProbeStatus(hash=hash_, job=job_name, state="Succeeded", result=cached)
 
         job = await self.api.get_job(owner.namespace, job_name)
+        created = False
         if job is None:
+            # create_job answers with the existing Job when another resource won the race.
             job = await self.api.create_job(probe.render_job(owner, spec, self.policy, hash_))
+            created = any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ())
+        if created:
             self.metrics.probe_jobs.inc()
             log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
         else:
+            # Created by another resource with the same probe hash: share it (a no-op if we own it).
             await self._share_job(owner, job)
         finished = any(
             c.get("status") == "True" and c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")

@@ -331,3 +331,20 @@ async def test_unchanged_children_are_not_applied_again_until_someone_touches_th
     cluster.api.resources[("ns", "m")]["spec"] = {**GPU_SPEC, "workers": {"processor": 2}}
     await cluster.reconcile()
     assert len(cluster.api.applies) == before + 2  # both Deployments, not the Service
+
+
+async def test_losing_the_race_to_create_a_probe_job_shares_it_and_counts_one(cluster: Cluster) -> None:
+    cluster.api.add_resource("a", GPU_SPEC)
+    cluster.api.add_resource("b", GPU_SPEC)
+    await cluster.reconcile("a")
+    real_get_job = cluster.api.get_job
+
+    async def stale_get_job(namespace, name):
+        return None  # b looked before a's Job existed; its create then meets a 409
+
+    cluster.api.get_job = stale_get_job  # type: ignore[method-assign]
+    await cluster.reconcile("b")
+    cluster.api.get_job = real_get_job  # type: ignore[method-assign]
+    (job,) = cluster.api.kinds("Job").values()
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == ["uid-a", "uid-b"]
+    assert cluster.metrics.probe_jobs._value.get() == 1
