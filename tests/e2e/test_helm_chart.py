@@ -273,3 +273,11 @@ def test_policy_values_schema_offers_exactly_the_operators_policy_keys() -> None
     assert set(chart_schema["properties"]["overrides"]["items"]["properties"]) == set(
         operator_schema["$defs"][override_ref]["properties"]
     )
+
+
+def test_chart_app_version_is_the_projects_version() -> None:
+    """Image tags default to appVersion, and `make images` tags with the project's version."""
+    from mmprep_operator import __version__
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == VERSION == __version__
