@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops the local control plane started by hack/cluster-up.sh and removes its state (etcd data,
-# certificates, kubeconfig, logs). Safe to run when nothing is up.
+# certificates, kubeconfig); the last logs move to $CLUSTER_DIR.last-logs. Safe when nothing is up.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -23,7 +23,12 @@ stop operator 10
 stop agent 20
 for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop "${COMPONENTS[$i]}"; done
 if [ -d "$CLUSTER_DIR" ]; then
+  # The logs outlive the state, so a failed CI run can still show why (see .ci/run).
+  if [ -d "$CLUSTER_DIR/logs" ]; then
+    rm -rf "$CLUSTER_DIR.last-logs"
+    mv "$CLUSTER_DIR/logs" "$CLUSTER_DIR.last-logs"
+  fi
   rm -rf "$CLUSTER_DIR"
-  log "removed $CLUSTER_DIR"
+  log "removed $CLUSTER_DIR (logs kept in $CLUSTER_DIR.last-logs)"
 fi
 log "down"
