@@ -3,6 +3,7 @@
 # certificates, kubeconfig); the last logs move to $CLUSTER_DIR.last-logs. Safe when nothing is up.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+lock_cluster
 
 stop() {  # component [grace-seconds]: SIGTERM, then SIGKILL when it outlives the grace period
   local f="$CLUSTER_DIR/run/$1.pid" pid grace=${2:-5}

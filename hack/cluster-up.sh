@@ -10,6 +10,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 BIN=$("$HACK_DIR/build-control-plane.sh")
+lock_cluster
 PKI="$CLUSTER_DIR/pki"
 mkdir -p "$CLUSTER_DIR"/{pki,run,logs,etcd,kubeconfig}
 chmod 700 "$CLUSTER_DIR"
@@ -76,7 +77,8 @@ start() {  # component args...: runs detached (own session) so it outlives this 
   local name=$1; shift
   if pid_alive "$name"; then log "$name already running"; return 0; fi
   log "starting $name (log: $CLUSTER_DIR/logs/$name.log)"
-  setsid "$BIN/$name" "$@" >>"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null &
+  # 9>&-: the component must not inherit (and so hold forever) the cluster lock.
+  setsid "$BIN/$name" "$@" >>"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$CLUSTER_DIR/run/$name.pid"
 }
 
@@ -166,7 +168,7 @@ if [ "${MMPREP_AGENT:-1}" = 1 ]; then
   if ! pid_alive agent; then
     log "starting the test agent (log: $CLUSTER_DIR/logs/agent.log)"
     setsid "$PYTHON" "$AGENT_PY" --kubeconfig "$KUBECONFIG_ADMIN" --workdir "$CLUSTER_DIR/agent" \
-      --node-name mmprep-agent --taint >>"$CLUSTER_DIR/logs/agent.log" 2>&1 </dev/null &
+      --node-name mmprep-agent --taint >>"$CLUSTER_DIR/logs/agent.log" 2>&1 </dev/null 9>&- &
     echo $! >"$CLUSTER_DIR/run/agent.pid"
   fi
   agent_ready() {

@@ -53,3 +53,12 @@ wait_until() {  # what timeout-seconds command...: polls a condition, fails with
   done
   log "$what ready"
 }
+
+lock_cluster() {  # serializes cluster-up/cluster-down/demo: concurrent starts would double-start components
+  mkdir -p "$(dirname "$CLUSTER_DIR")"
+  exec 9>"$CLUSTER_DIR.lock"
+  if ! flock -n 9; then
+    log "waiting for another cluster-up/down on $CLUSTER_DIR"
+    flock -w 600 9 || die "another cluster-up/down held $CLUSTER_DIR.lock for 10 minutes"
+  fi
+}
