@@ -36,17 +36,45 @@ def _script(name: str, *, timeout: float) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """The local control plane, started when absent (the binaries must be built: `make test` does)."""
+    """The local control plane, started when absent (the binaries must be built: `make test` does).
+
+    Several pytest sessions may share one cluster (a developer's, a colleague's); each registers
+    itself, and the session that started the cluster stops it only when no other session is left.
+    """
     if os.environ.get("MMPREP_SKIP_CLUSTER") == "1":
         pytest.skip("MMPREP_SKIP_CLUSTER=1: tests that need the local control plane are switched off")
+    state = Path(os.environ.get("MMPREP_CLUSTER_DIR") or Path.home() / ".cache" / "mmprep" / "cluster")
+    sessions = state.parent / f"{state.name}.sessions"
+    sessions.mkdir(parents=True, exist_ok=True)
+    me = sessions / str(os.getpid())
+    me.touch()
     was_up = subprocess.run([str(HACK / "cluster-status.sh")], capture_output=True, check=False).returncode == 0
-    kubeconfig = Path(_script("cluster-up.sh", timeout=3600))
-    bin_dir = Path(_script("build-control-plane.sh", timeout=3600))
-    yield Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
-    if not was_up and os.environ.get("MMPREP_KEEP_CLUSTER") != "1":
-        subprocess.run([str(HACK / "cluster-down.sh")], check=False, timeout=120)
+    try:
+        kubeconfig = Path(_script("cluster-up.sh", timeout=3600))
+        bin_dir = Path(_script("build-control-plane.sh", timeout=3600))
+        yield Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
+    finally:
+        me.unlink(missing_ok=True)
+        others = []
+        for p in sessions.iterdir():
+            if p.name.isdigit() and _pid_alive(int(p.name)):
+                others.append(p)
+            else:
+                p.unlink(missing_ok=True)  # left by a session that was killed
+        if not was_up and not others and os.environ.get("MMPREP_KEEP_CLUSTER") != "1":
+            subprocess.run([str(HACK / "cluster-down.sh")], check=False, timeout=180)
 
 
 @pytest.fixture(scope="session")
