@@ -11,7 +11,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from support.kube import AGENT_NODE, HACK, NODES_FILE, Cluster, Kube
+from support.kube import AGENT_NODE, HACK, NODES_FILE, Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -50,9 +50,17 @@ def test_rbac_and_serviceaccount_tokens_are_enforced(cluster: Cluster, kube: Kub
     config.api_key = {"authorization": f"Bearer {token}"}
     with client.ApiClient(config) as as_reader:
         core = client.CoreV1Api(as_reader)
-        with pytest.raises(ApiException) as denied:
-            core.list_namespaced_pod(namespace)
-        assert denied.value.status == 403
+
+        def status_of_listing_pods() -> int:
+            try:
+                core.list_namespaced_pod(namespace)
+            except ApiException as exc:
+                return exc.status
+            return 200
+
+        # 401 until the API server's cache knows the new ServiceAccount; then authenticated (the
+        # token is real) but not authorized (RBAC): 403.
+        wait_for(lambda: status_of_listing_pods() == 403, 30, what="403 for a token without a role")
         # Grant exactly "list pods here", and only that works.
         rbac = client.RbacAuthorizationV1Api(kube.api)
         rbac.create_namespaced_role(namespace, {"metadata": {"name": "pods"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
@@ -64,7 +72,8 @@ def test_rbac_and_serviceaccount_tokens_are_enforced(cluster: Cluster, kube: Kub
                 "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
             },
         )
-        assert core.list_namespaced_pod(namespace).items == []
+        # RBAC's authorizer cache follows the new binding within moments.
+        wait_for(lambda: status_of_listing_pods() == 200, 30, what="the role binding to take effect")
         with pytest.raises(ApiException) as still_denied:
             core.list_node()
         assert still_denied.value.status == 403
