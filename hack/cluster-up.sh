@@ -13,7 +13,7 @@ BIN=$("$HACK_DIR/build-control-plane.sh")
 lock_cluster
 PKI="$CLUSTER_DIR/pki"
 mkdir -p "$CLUSTER_DIR"/{pki,run,logs,etcd,kubeconfig}
-chmod 700 "$CLUSTER_DIR"
+chmod 700 "$CLUSTER_DIR" "$CLUSTER_DIR/etcd"
 
 if all_up && ! agent_stale; then
   log "already up (apiserver https://127.0.0.1:$APISERVER_PORT)"

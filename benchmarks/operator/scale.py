@@ -229,11 +229,15 @@ def main() -> int:
             batch = [f"r{i:03d}" for i in range(created, level)]
             metrics_before = operator.metrics()
             t_apply = time.monotonic()
-            for i, name in enumerate(batch, start=created):
+            def create(i: int, name: str) -> None:
                 spec = make_spec(
                     models[i % len(models)], nodeSelector={BENCH_LABEL: "true"}, resources={"limits": {"nvidia.com/gpu": 1}}, replicas=args.replicas
                 )
                 kube.create_mmp(namespace, name, spec)
+
+            # In parallel, as `kubectl apply -f dir/` would send them: the clock is the operator's.
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(create, range(created, level), batch))
             t_applied = time.monotonic()
             probes_done = None
             if created == 0:
