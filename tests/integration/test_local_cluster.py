@@ -37,6 +37,9 @@ def test_the_simulated_nodes_carry_gpu_labels_and_capacity(kube: Kube) -> None:
     agent = kube.core.read_node(AGENT_NODE)
     assert agent.metadata.labels["mmprep.dev/test-agent"] == "true"
     assert [(t.key, t.effect) for t in agent.spec.taints] == [("mmprep.dev/test-agent", "NoSchedule")]
+    # KWOK manages only the annotated simulated nodes: the agent's node status is the agent's own.
+    assert agent.status.node_info.kubelet_version.endswith("mmprep-test-agent")
+    assert all(n.status.node_info.kubelet_version.endswith("kwok") for n in nodes.values())
 
 
 def test_rbac_and_serviceaccount_tokens_are_enforced(cluster: Cluster, kube: Kube, namespace: str) -> None:
