@@ -41,7 +41,12 @@ all_up() {  # every component (and the agent) runs and the apiserver is ready
 }
 
 agent_stale() {  # the running agent started before its code last changed
-  [ "${MMPREP_AGENT:-1}" = 1 ] && [ "$REPO_DIR/tests/support/agent.py" -nt "$CLUSTER_DIR/run/agent.pid" ]
+  [ "${MMPREP_AGENT:-1}" = 1 ] || return 1
+  local f
+  for f in "$REPO_DIR"/tests/support/agent*.py; do
+    [ "$f" -nt "$CLUSTER_DIR/run/agent.pid" ] && return 0
+  done
+  return 1
 }
 
 wait_until() {  # what timeout-seconds command...: polls a condition, fails with the log to read

@@ -15,13 +15,12 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from support.kube import HACK, REPO, Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
 

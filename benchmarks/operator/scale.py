@@ -41,9 +41,9 @@ from kubernetes.client.rest import ApiException
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, condition_is, wait_for  # noqa: E402
-from support.operator_process import OperatorProcess  # noqa: E402
-from support.specs import make_spec  # noqa: E402
+from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, condition_is, wait_for
+from support.operator_process import OperatorProcess
+from support.specs import make_spec
 
 BENCH_LABEL = "mmprep.dev/bench"
 PRODUCTS = {
@@ -248,8 +248,8 @@ def main() -> int:
                     interval=0.2,
                 )
                 probes_done = time.monotonic()
-            wait_for(lambda: all(n in observer.ready_at for n in batch), 900, what=f"{level} resources Ready", interval=0.5,
-                     describe=lambda: f"{sum(n in observer.ready_at for n in batch)} of {len(batch)} Ready")
+            wait_for(lambda batch=batch: all(n in observer.ready_at for n in batch), 900, what=f"{level} resources Ready", interval=0.5,
+                     describe=lambda batch=batch: f"{sum(n in observer.ready_at for n in batch)} of {len(batch)} Ready")
             t_ready = max(observer.ready_at[n] for n in batch)
             metrics_after = operator.metrics()
             reconciles = metric(metrics_after, "mmprep_operator_reconciles_total") - metric(metrics_before, "mmprep_operator_reconciles_total")
@@ -271,7 +271,7 @@ def main() -> int:
             for change in range(args.label_changes):
                 node, old = names[change]
                 new = "NVIDIA-H200" if old != "NVIDIA-H200" else "NVIDIA-B200"
-                family, major, _, _ = PRODUCTS[new]
+                family, _, _, _ = PRODUCTS[new]
                 expected: dict[str, int] = {}
                 for n, product in names:
                     key = new if n == node else product
@@ -280,7 +280,7 @@ def main() -> int:
                 kube.core.patch_node(node, {"metadata": {"labels": {"nvidia.com/gpu.product": new, "nvidia.com/gpu.family": family}}})
                 names[change] = (node, new)
                 everyone = [f"r{i:03d}" for i in range(created)]
-                wait_for(lambda: all(observer.first_time(r, t_patch, expected) for r in everyone), 120,
+                wait_for(lambda t_patch=t_patch, expected=expected, everyone=everyone: all(observer.first_time(r, t_patch, expected) for r in everyone), 120,
                          what="every resource reacting to the label change", interval=0.2)
                 latencies += [observer.first_time(r, t_patch, expected) - t_patch for r in everyone]  # type: ignore[operator]
             step["label_change_reaction_seconds"] = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support.kube import Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -9,12 +9,19 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-
-from support.kube import AGENT_NODE, AGENT_SELECTOR, AGENT_TOLERATION, Kube, agent_port, wait_for
+from support.kube import (
+    AGENT_NODE,
+    AGENT_SELECTOR,
+    AGENT_TOLERATION,
+    Kube,
+    agent_port,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -98,7 +105,7 @@ def test_a_server_pod_gets_a_local_port_turns_ready_and_stops_when_deleted(kube:
     assert port and port != 8080
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
         assert resp.status == 200
-    pid = int(open(pid_file).read())
+    pid = int(Path(pid_file).read_text())
 
     kube.core.delete_namespaced_pod("server", namespace)
 

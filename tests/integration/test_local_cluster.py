@@ -10,7 +10,6 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from support.kube import AGENT_NODE, HACK, NODES_FILE, Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster

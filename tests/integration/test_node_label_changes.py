@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from support.kube import Kube, pool_for, pools, wait_for
 from support.operator_process import OperatorProcess
 from support.specs import GPU_LIMIT, make_spec

@@ -7,14 +7,23 @@ Deployments land on KWOK's simulated H200 / GB300 / CPU nodes from hack/nodes.ya
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
-from support.specs import CPU_POOL, GB300_POOL, GPU_LIMIT, H200, make_spec
-from support.kube import AGENT_NODE, Kube, condition, condition_is, container_env, pool_for, pools, wait_for
+from support.kube import (
+    AGENT_NODE,
+    Kube,
+    condition,
+    condition_is,
+    container_env,
+    pool_for,
+    pools,
+    wait_for,
+)
 from support.operator_process import OperatorProcess
+from support.specs import CPU_POOL, GB300_POOL, GPU_LIMIT, H200, make_spec
 
 pytestmark = pytest.mark.cluster
 
@@ -39,7 +48,7 @@ def wait_decided(kube: Kube, operator: OperatorProcess, namespace: str, name: st
     )
 
 
-def deployment_of(kube: Kube, namespace: str, pool: dict[str, Any]):  # noqa: ANN201 - V1Deployment
+def deployment_of(kube: Kube, namespace: str, pool: dict[str, Any]):
     return wait_for(
         lambda: kube.apps.read_namespaced_deployment(pool["deployment"], namespace),
         30,

@@ -6,14 +6,22 @@ import base64
 import io
 import json
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from PIL import Image
-
 from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
-from support.kube import AGENT_NODE, AGENT_SELECTOR, AGENT_TOLERATION, Kube, agent_port, condition_is, pools, wait_for
+from PIL import Image
+from support.kube import (
+    AGENT_NODE,
+    AGENT_SELECTOR,
+    AGENT_TOLERATION,
+    Kube,
+    agent_port,
+    condition_is,
+    pools,
+    wait_for,
+)
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from support.kube import Cluster, Kube, condition_is, pools, wait_for
 from support.operator_process import OperatorProcess
 from support.specs import CPU_POOL, GPU_LIMIT, H200, make_spec

@@ -11,8 +11,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
