@@ -12,6 +12,8 @@ KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 CACHE=${MMPREP_CACHE:-$HOME/.cache/mmprep}
 BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
+# Each binary is written under a temporary name and renamed when complete, so a build that was
+# interrupted never leaves a truncated binary that a later run would take as built.
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
 log() { printf '[build-control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -59,22 +61,26 @@ need() { for b in "$@"; do [[ " ${missing[*]} " == *" $b "* ]] && return 0; done
 
 if need etcd; then
   build_module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
-  log "etcd: compiling"; go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+  log "etcd: compiling"; go build -trimpath -ldflags "-s -w" -o "$BIN/.etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$BIN/.etcd.tmp" "$BIN/etcd"
 fi
 if need kwok; then
   build_module kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-  log "kwok: compiling"; go build -trimpath -ldflags "-s -w" -o "$BIN/kwok" sigs.k8s.io/kwok/cmd/kwok
+  log "kwok: compiling"; go build -trimpath -ldflags "-s -w" -o "$BIN/.kwok.tmp" sigs.k8s.io/kwok/cmd/kwok
+  mv "$BIN/.kwok.tmp" "$BIN/kwok"
 fi
 if need helm; then
   build_module helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-  log "helm: compiling"; go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$BIN/helm" helm.sh/helm/v3/cmd/helm
+  log "helm: compiling"; go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$BIN/.helm.tmp" helm.sh/helm/v3/cmd/helm
+  mv "$BIN/.helm.tmp" "$BIN/helm"
 fi
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
   build_module kubernetes k8s.io/kubernetes "$K8S_VERSION" "${cmds[@]/#/k8s.io/kubernetes/cmd/}"
   for c in "${cmds[@]}"; do
     log "kubernetes: compiling $c"
-    go build -trimpath -tags selinux,notest -ldflags "$(ldflags_k8s "$K8S_VERSION")" -o "$BIN/$c" "k8s.io/kubernetes/cmd/$c"
+    go build -trimpath -tags selinux,notest -ldflags "$(ldflags_k8s "$K8S_VERSION")" -o "$BIN/.$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$BIN/.$c.tmp" "$BIN/$c"
   done
 fi
 log "done"
