@@ -31,8 +31,11 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None)
     state = app[server.STATE]
     # No access log: formatting a line per request on the event loop costs throughput at
     # hundreds of requests per second; /metrics counts requests by outcome instead.
+    # Handler cancellation: when a client goes away, its request gives up its slot and its job is
+    # dropped if no worker has started it, instead of being processed for nobody.
     runner = web.AppRunner(
-        app, handle_signals=False, shutdown_timeout=settings.load.shutdown_grace_s, access_log=None
+        app, handle_signals=False, shutdown_timeout=settings.load.shutdown_grace_s, access_log=None,
+        handler_cancellation=True,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)

@@ -130,6 +130,9 @@ async def handle_preprocess(request: web.Request) -> web.Response:
         if error.status >= 500:
             logger.warning("preprocess failed (%d): %s", error.status, error.message)
         return _error_response(error)
+    except asyncio.CancelledError:
+        outcome = "client_gone"  # the client disconnected (or the server is stopping)
+        raise
     finally:
         state.metrics.requests.labels(outcome).inc()
         state.metrics.request_seconds.observe(time.perf_counter() - arrived)

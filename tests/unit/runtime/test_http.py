@@ -79,7 +79,7 @@ async def start_server() -> AsyncIterator[Starter]:
             load=load,
         )
         app = server.create_app(settings)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -263,6 +263,28 @@ async def test_a_request_past_its_deadline_answers_504_and_its_job_is_dropped(st
     assert 'mmprep_requests_total{outcome="deadline_exceeded"} 1.0' in metrics
     # the dropped job never ran: only the warm-up job, the blocker and the good request did
     assert "mmprep_processing_seconds_count 3.0" in metrics
+
+
+async def test_a_client_that_goes_away_frees_its_slot_and_its_queued_job_is_dropped(start_server, qwen_dir):
+    running = await start_server(qwen_dir, workers=1)
+    engine = running.state.engine
+    release = threading.Event()
+    blocker = engine.pool.submit(lambda processor: release.wait(TIMEOUT))
+    good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
+    impatient = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5))
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await impatient.post(f"{running.url}/v1/preprocess", json=good)
+    finally:
+        await impatient.close()
+    await _until(lambda: running.state.admission.in_flight == 0)
+    release.set()
+    blocker.result(TIMEOUT)
+    assert (await running.post(good))[0] == 200
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert 'mmprep_requests_total{outcome="client_gone"} 1.0' in metrics
+    assert "mmprep_processing_seconds_count 3.0" in metrics  # warm-up, blocker, the good one
 
 
 async def test_an_uncloneable_processor_serves_on_one_worker_and_reports_it(start_server, uncloneable_dir):
