@@ -51,14 +51,16 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     cp -r /src /build \
  && mmprep-pip wheel --no-deps --wheel-dir /dist /build
 
-# Dependencies, one stage per image. They depend on pyproject.toml alone (not on the sources),
-# so the large torch layer is reused across source edits.
-FROM tools AS operator-deps
+# Dependencies, one stage per image, on the bare base (pip is only bind-mounted from `tools`): the
+# final image is this stage plus one small layer, so the 6 GB runtime venv is never copied twice.
+# They depend on pyproject.toml alone (not on the sources), so a source edit reuses them.
+FROM base AS operator-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 # auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
 ARG WHEELHOUSE=auto
-RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
@@ -66,14 +68,15 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv --without-pip /opt/venv \
  && python3 /src/requirements.py /src/pyproject.toml --extra operator > /tmp/requirements.txt \
- && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 
-FROM tools AS runtime-deps
+FROM base AS runtime-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
-# auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
 ARG WHEELHOUSE=auto
-RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
@@ -81,11 +84,11 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv --without-pip /opt/venv \
  && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /tmp/requirements.txt \
- && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 
 # ---- operator: kopf + kubernetes client, no torch --------------------------------------------
-FROM base AS operator
-COPY --from=operator-deps /opt/venv /opt/venv
+FROM operator-deps AS operator
 RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
     --mount=type=bind,from=wheel,source=/dist,target=/dist \
     /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
@@ -95,8 +98,7 @@ ENTRYPOINT ["mmprep-operator"]
 CMD ["run"]
 
 # ---- runtime: the preprocessing server -------------------------------------------------------
-FROM base AS runtime
-COPY --from=runtime-deps /opt/venv /opt/venv
+FROM runtime-deps AS runtime
 RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
     --mount=type=bind,from=wheel,source=/dist,target=/dist \
     /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \

@@ -38,9 +38,13 @@ for t in "${targets[@]}"; do
   image="$IMAGE_PREFIX$t:$IMAGE_TAG"
   log "building $image from $base"
   start=$(date +%s)
+  previous=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
   "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" --build-arg "WHEELHOUSE=$wheelhouse_mode" \
     "${secret[@]}" --tag "$image" "$repo" >"$DOCKER_CACHE/build-$t.log" 2>&1 \
     || { tail -40 "$DOCKER_CACHE/build-$t.log" >&2; die "building $image failed (log: $DOCKER_CACHE/build-$t.log)"; }
+  # The image a rebuild replaces would stay behind untagged; drop it (unless a container uses it).
+  current=$(docker image inspect --format '{{.Id}}' "$image")
+  if [ -n "$previous" ] && [ "$previous" != "$current" ]; then docker rmi "$previous" >/dev/null 2>&1 || true; fi
   size=$(docker image inspect --format '{{.Size}}' "$image")
   log "built $image in $(( $(date +%s) - start )) s, $(( size / 1000000 )) MB"
 done

@@ -17,9 +17,17 @@ if ! command -v dockerd >/dev/null; then
 fi
 mkdir -p "$DOCKER_CACHE"
 if ! pgrep -x dockerd >/dev/null; then
+  # Bound the BuildKit cache: every change of the dependency layers leaves a 6 GB snapshot behind,
+  # and a full disk takes the whole machine down. An existing /etc/docker/daemon.json wins.
+  config=()
+  if [ ! -e /etc/docker/daemon.json ]; then
+    printf '{"builder": {"gc": {"enabled": true, "defaultKeepStorage": "%s"}}}\n' "${MMPREP_BUILD_CACHE:-16GB}" \
+      >"$DOCKER_CACHE/daemon.json"
+    config=(--config-file "$DOCKER_CACHE/daemon.json")
+  fi
   log "starting dockerd (log: $DOCKER_CACHE/dockerd.log)"
   # setsid: the daemon must outlive this script and the test session that called it.
-  setsid dockerd >"$DOCKER_CACHE/dockerd.log" 2>&1 < /dev/null &
+  setsid dockerd "${config[@]}" >"$DOCKER_CACHE/dockerd.log" 2>&1 < /dev/null &
 fi
 for _ in $(seq 60); do
   docker info >/dev/null 2>&1 && exit 0
