@@ -86,15 +86,25 @@ def decode_request(body: bytes, facts: ProcessorFacts, limits: Limits) -> Prepro
                 f"but {len(images)} image(s) were sent; they must match"
             )
 
-    decoded_images = tuple(
-        decoding.decode_image(
-            decoding.b64decode(item, f"images[{index}]"),
-            f"images[{index}]",
+    decoded_images = []
+    total_pixels = 0
+    for index, item in enumerate(images):
+        what = f"images[{index}]"
+        image = decoding.decode_image(
+            decoding.b64decode(item, what),
+            what,
             max_pixels=limits.max_image_pixels,
             as_tensor=facts.fast_image_processor,
         )
-        for index, item in enumerate(images)
-    )
+        # Checked as each image is decoded: at most one image beyond the budget is ever held.
+        width, height = (image.shape[-1], image.shape[-2]) if hasattr(image, "shape") else image.size
+        total_pixels += width * height
+        if total_pixels > limits.max_request_pixels:
+            raise errors.MediaTooLarge(
+                f"the images up to {what} have {total_pixels} pixels together, over the request limit of "
+                f"{limits.max_request_pixels}"
+            )
+        decoded_images.append(image)
     decoded_audio = tuple(
         decoding.decode_wav(
             decoding.b64decode(item, f"audio[{index}]"),
@@ -104,7 +114,7 @@ def decode_request(body: bytes, facts: ProcessorFacts, limits: Limits) -> Prepro
         )
         for index, item in enumerate(audio)
     )
-    return PreprocessRequest(text, decoded_images, decoded_audio)
+    return PreprocessRequest(text, tuple(decoded_images), decoded_audio)
 
 
 def process(processor: Any, request: PreprocessRequest, facts: ProcessorFacts) -> dict[str, Any]:

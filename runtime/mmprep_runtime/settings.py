@@ -36,6 +36,9 @@ class Limits:
     max_image_pixels: int = 40_000_000
     #: Images in one request; each may be up to max_image_pixels.
     max_images: int = 16
+    #: All images of one request together (PNGs of one colour compress ~1000:1, so the body limit
+    #: alone would let one request decode to gigabytes).
+    max_request_pixels: int = 80_000_000
     #: Audio items in one request and their length (Whisper takes 30 s windows).
     max_audio_items: int = 4
     max_audio_seconds: float = 60.0

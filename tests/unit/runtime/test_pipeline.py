@@ -49,3 +49,20 @@ def test_too_many_images_are_refused_before_decoding():
     body = b'{"text": "", "images": ["a", "b", "c"]}'
     with pytest.raises(errors.BadRequest, match="3 items, more than the limit of 2"):
         pipeline.decode_request(body, _facts(image_processor_class="I"), Limits(max_images=2))
+
+
+def test_the_pixels_of_all_images_together_are_capped():
+    import base64
+
+    from mmprep_runtime import testing_media
+    from mmprep_runtime.settings import Limits
+
+    image = base64.b64encode(testing_media.png(100, 100)).decode()
+    body = ('{"text": "", "images": ["%s", "%s", "%s"]}' % (image, image, image)).encode()
+    facts = _facts(image_processor_class="I")
+    assert len(pipeline.decode_request(body, facts, Limits(max_request_pixels=30_000)).images) == 3
+    with pytest.raises(errors.MediaTooLarge, match="images up to images\\[2\\] have 30000 pixels"):
+        pipeline.decode_request(body, facts, Limits(max_request_pixels=29_999))
+    with pytest.raises(errors.MediaTooLarge, match="images\\[1\\]"):
+        pipeline.decode_request(body, _facts(image_processor_class="I", fast_image_processor=True),
+                                Limits(max_request_pixels=15_000))
