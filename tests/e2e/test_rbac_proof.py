@@ -183,3 +183,22 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
     theirs = kube.apps.read_namespaced_deployment(taken, namespace)
     assert not theirs.metadata.owner_references, "the operator adopted a Deployment it did not create"
     assert theirs.metadata.labels == {"team": "someone-else"} and theirs.spec.replicas == 0
+
+
+@pytest.mark.parametrize("scope", ["all-namespaces", "watched-namespace"])
+def test_every_object_the_chart_renders_is_valid_for_the_real_api_server(
+    cluster: Cluster, crd: str, private_namespace: str, scope: str
+) -> None:
+    """Server-side dry run of the chart's objects (schemas of the real API server, RBAC objects
+    included; the monitoring kinds need the Prometheus Operator's CRDs, absent here)."""
+    import yaml
+
+    from packaging_support import template
+
+    values: dict = {"policy": {"overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}}
+    if scope == "watched-namespace":
+        values["watchNamespaces"] = [private_namespace]
+    rendered = template(values, namespace=private_namespace, release=f"dry-{uuid.uuid4().hex[:5]}")
+    done = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(rendered))
+    applied = [line for line in done.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(rendered), done.stdout
