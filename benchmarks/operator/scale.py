@@ -301,14 +301,21 @@ def main() -> int:
         observer.stop.set()
         sampler.stop.set()
     finally:
-        if operator:
-            operator.stop()
+        # Namespace first, while the operator and the nodes are still there (pods on a deleted
+        # node wait for the pod garbage collector); the nodes last.
         log("cleaning up the bench namespace and nodes")
         try:
             kube.core.delete_namespace(namespace)
+            wait_for(lambda: not [n for n in kube.core.list_namespace().items if n.metadata.name == namespace], 300,
+                     what="the bench namespace deleted", interval=1)
+        except (ApiException, AssertionError) as exc:
+            log(f"namespace cleanup incomplete: {exc}")
+        if operator:
+            operator.stop()
+        try:
             kube.core.delete_collection_node(label_selector=f"{BENCH_LABEL}=true")
         except ApiException as exc:
-            log(f"cleanup failed: {exc.reason}")
+            log(f"node cleanup failed: {exc.reason}")
     results["machine"] = {"cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
