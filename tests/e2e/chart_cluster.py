@@ -79,6 +79,34 @@ def installed_chart(cluster: Cluster, namespace: str, values: dict[str, Any]) ->
         helm("uninstall", name, "--namespace", namespace, "--wait", env=env, timeout=180, check=False)
 
 
+def wait_until_granted(kubeconfig: Path, namespace: str, *, timeout: float = 30) -> None:
+    """Wait until the API server's authorizer sees the chart's fresh (Cluster)RoleBindings.
+
+    RBAC is served from informer caches: for a moment after `helm install` the new bindings may
+    not be visible yet, and an operator started in that moment logs 403s it then retries away."""
+    auth = client.AuthorizationV1Api(api_for(kubeconfig).api)
+    checks = [
+        ("mmprep.dev", "multimodalpreprocessors", "watch", namespace),
+        ("apps", "deployments", "patch", namespace),
+        ("batch", "jobs", "create", namespace),
+        ("", "events", "create", namespace),
+        ("", "nodes", "watch", None),
+    ]
+
+    def allowed() -> bool:
+        for group, resource, verb, ns in checks:
+            review = client.V1SelfSubjectAccessReview(
+                spec=client.V1SelfSubjectAccessReviewSpec(
+                    resource_attributes=client.V1ResourceAttributes(group=group, resource=resource, verb=verb, namespace=ns)
+                )
+            )
+            if not auth.create_self_subject_access_review(review).status.allowed:
+                return False
+        return True
+
+    wait_for(allowed, timeout, what="the chart's RBAC bindings to take effect")
+
+
 def make_spec(model: Path, **fields: Any) -> dict[str, Any]:
     """A resource whose probe Job runs for real on the test agent's node; runtime pods land on
     KWOK's simulated CPU nodes (which report them Ready)."""

@@ -285,7 +285,7 @@ def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_
 
     import yaml as _yaml
 
-    from chart_cluster import full_reconcile, installed_chart
+    from chart_cluster import full_reconcile, installed_chart, wait_until_granted
 
     namespace = private_namespace  # watched by this container only
     health, metrics = _free_port(), _free_port()  # host network: the chart's default ports may be taken
@@ -305,7 +305,9 @@ def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_
         (policy / "policy.yaml").write_text(release.policy_text(kube))
         account = tmp_path / "serviceaccount"
         account.mkdir()
-        sa_config = _yaml.safe_load(release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig").read_text())
+        sa_kubeconfig = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
+        wait_until_granted(sa_kubeconfig, namespace)
+        sa_config = _yaml.safe_load(sa_kubeconfig.read_text())
         (account / "token").write_text(sa_config["users"][0]["user"]["token"])
         (account / "ca.crt").write_bytes(base64.b64decode(sa_config["clusters"][0]["cluster"]["certificate-authority-data"]))
         (account / "namespace").write_text(namespace)

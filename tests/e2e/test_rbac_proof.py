@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart
+from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart, wait_until_granted
 from support.kube import Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
 
@@ -60,6 +60,7 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
         assert f"in: {namespace}." in release.notes and "kubectl apply --server-side -f" in release.notes, release.notes
         _operator_pod_passes_the_restricted_pod_security_standard(kube, namespace, release.operator_name)
         token_config = release.token_kubeconfig(kube, tmp_path / "sa.kubeconfig")
+        wait_until_granted(token_config, namespace)
         policy = tmp_path / "policy.yaml"
         policy.write_text(release.policy_text(kube))
         sa_cluster = Cluster(kubeconfig=token_config, bin_dir=cluster.bin_dir, state_dir=cluster.state_dir)
