@@ -25,6 +25,7 @@ import argparse
 import concurrent.futures
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,7 +183,7 @@ def main() -> int:
     namespace = f"mmprep-bench-{int(time.time())}"
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     wait_for(lambda: kube.core.read_namespaced_service_account("default", namespace), 60, what="default ServiceAccount")
-    work = Path(tempfile.mkdtemp(prefix="mmprep-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="mmprep-operator-scale-"))
     results: dict[str, Any] = {"nodes": args.nodes, "products": list(PRODUCTS), "replicas_per_resource": args.replicas, "levels": []}
     operator: OperatorProcess | None = None
     try:
@@ -316,6 +317,11 @@ def main() -> int:
             kube.core.delete_collection_node(label_selector=f"{BENCH_LABEL}=true")
         except ApiException as exc:
             log(f"node cleanup failed: {exc.reason}")
+        if operator:
+            log(f"operator log: {operator.log_path} (kept); models and the rest of {work} removed")
+        for child in work.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
     results["machine"] = {"cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
