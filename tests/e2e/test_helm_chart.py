@@ -281,3 +281,16 @@ def test_chart_app_version_is_the_projects_version() -> None:
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION == __version__
+
+
+def test_chart_packages_with_its_crds_schema_and_rbac_file(tmp_path: Path) -> None:
+    """What a chart repository would serve: the packaged chart carries everything it needs."""
+    import tarfile
+
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("mmprep-*.tgz")
+    with tarfile.open(package) as tar:
+        names = set(tar.getnames())
+    for needed in ("crds/multimodalpreprocessors.mmprep.dev.yaml", "values.schema.json", "files/operator-clusterrole.yaml", "templates/NOTES.txt"):
+        assert f"mmprep/{needed}" in names, f"{needed} missing from {package.name}"
+    assert "0 chart(s) failed" in helm("lint", str(package), "--kube-version", "1.35.4").stdout
