@@ -44,12 +44,19 @@ from mmprep_runtime.settings import Limits
 
 HERE = pathlib.Path(__file__).resolve().parent
 IMAGE_SIZE = (1280, 960)
-WRK_SCRIPT = """
+WRK_SCRIPT = r"""
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-local file = io.open(os.getenv("MMPREP_BODY"), "rb")
+local file = assert(io.open(os.getenv("MMPREP_BODY"), "rb"))
 wrk.body = file:read("*a")
 file:close()
+local seen = {}
+response = function(status, headers, body)
+  if status ~= 200 and not seen[status] then
+    seen[status] = true
+    io.stderr:write(status .. " " .. body:sub(1, 200) .. "\n")
+  end
+end
 """
 
 
@@ -197,7 +204,10 @@ class Server:
     def _wrk(self, seconds: float) -> str:
         command = ["wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "--latency", "--timeout", "30s",
                    "-s", str(self.lua), self.base + "/v1/preprocess"]
-        return subprocess.run(command, env=self.env, capture_output=True, text=True, check=True).stdout
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, check=True)
+        if done.stderr.strip():  # the Lua script reports the first answer of each non-200 status
+            print(f"{self.backend.value}/{self.workers}: {done.stderr.strip()}", file=sys.stderr)
+        return done.stdout
 
     def load(self, seconds: float, *, measure: bool) -> None:
         # wrk drops its connections mid-request when it stops; the server still finishes those
@@ -209,6 +219,11 @@ class Server:
         output = self._wrk(seconds)
         if measure:
             result = parse_wrk(output)
+            if result["non_2xx"]:
+                raise RuntimeError(
+                    f"{self.backend.value}/{self.workers} workers: {result['non_2xx']} answers were not 200; "
+                    "the figures would be meaningless"
+                )
             result["cpu_seconds"] = sum(process.cpu_times()[:2]) - cpu_before
             result["wrk_cpu_seconds"] = children_cpu_seconds() - wrk_before
             # Whatever else ran meanwhile (other tenants of a shared machine) took these cores.
@@ -346,7 +361,10 @@ def main() -> int:
         "duration_s": args.duration,
         "versions": versions.versions(),
     }
-    with tempfile.TemporaryDirectory(prefix="mmprep-bench-") as scratch:
+    # Not under /tmp: on a shared machine other jobs may clean it up in the middle of a run.
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "mmprep"
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-", dir=cache) as scratch:
         scratch_path = pathlib.Path(scratch)
         model = testing_models.make_model("qwen2-vl", scratch_path / "qwen2-vl")
         body = request_body()
