@@ -110,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "bench"):
         _prefer_passive_openmp()
+        from mmprep_runtime import memory
+
+        memory.tune_allocator()
     if args.command == "make-model":
         from mmprep_runtime import testing_models
 
