@@ -184,7 +184,7 @@ class Server:
     """One ``mmprep-runtime serve`` process under test, and the wrk command that loads it."""
 
     def __init__(self, model: pathlib.Path, backend: Backend, workers: int, body_file: pathlib.Path,
-                 lua: pathlib.Path) -> None:
+                 lua: pathlib.Path, io_workers: int | None = None) -> None:
         self.backend, self.workers = backend, workers
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
@@ -192,6 +192,8 @@ class Server:
             *runtime_command(), "serve", "--model", str(model), "--backend", backend.value, "--host", "127.0.0.1",
             "--port", str(port), "--processor-workers", str(workers), "--log-level", "WARNING",
         ]
+        if io_workers is not None:
+            command += ["--io-workers", str(io_workers)]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Enough connections to keep every worker and the decoders busy, within the server's
         # admission capacity (5 per worker by default) so that no request is refused.
@@ -250,6 +252,7 @@ class Server:
             "backend": self.backend.value,
             "workers": self.workers,
             "intra_op_threads": self.info.get("intra_op_threads"),
+            "io_workers": self.info.get("workers", {}).get("io"),
             "connections": self.connections,
             "requests": requests,
             "req_per_s": round(requests / seconds, 2),
@@ -276,9 +279,10 @@ class Server:
 
 
 def http_sweep(model: pathlib.Path, backends: list[Backend], workers: list[int], body_file: pathlib.Path,
-               lua: pathlib.Path, duration: float, warmup: float, rounds: int) -> list[dict[str, Any]]:
+               lua: pathlib.Path, duration: float, warmup: float, rounds: int,
+               io_workers: int | None = None) -> list[dict[str, Any]]:
     """All servers up at once (idle ones cost no CPU), measured in interleaved rounds."""
-    servers = [Server(model, backend, count, body_file, lua) for backend in backends for count in workers]
+    servers = [Server(model, backend, count, body_file, lua, io_workers) for backend in backends for count in workers]
     try:
         for server in servers:
             server.ready()
@@ -326,7 +330,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"2 workers / 1 worker: **{report['targets']['pool_2_vs_1']:.2f}x** (target >= 1.7); "
         f"pool overhead vs direct: **{report['targets']['pool_overhead'] * 100:.1f}%** (target < 5%).",
         "",
-        "Through HTTP (`wrk`, server CPU and RSS from the server process):",
+        f"Through HTTP (`wrk`, server CPU and RSS from the server process; IO workers: "
+        f"{report['io_workers'] or 'the decision (4)'}):",
         "",
         "| backend | workers | threads | conns | req/s | p50 ms | p99 ms | CPU ms/req | faults/req | RSS MB "
         "| of bound | other load (cores) | of free CPU |",
@@ -350,6 +355,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
+    parser.add_argument("--io-workers", type=int, default=None, help="serve --io-workers (default: the decision's)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--backends", default="torchvision,pil")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and results.md")
@@ -401,8 +407,9 @@ def main() -> int:
         rows = {row["workers"]: row for row in report["in_process"]["results"]}
         direct = report["in_process"]["direct"]
 
+        report["io_workers"] = args.io_workers
         report["http"] = http_sweep(model, backends, workers, body_file, lua, args.duration, args.warmup,
-                                    args.rounds)
+                                    args.rounds, args.io_workers)
         for row in report["http"]:
             row["efficiency"] = round(row["req_per_s"] / report["bound"][row["backend"]], 3)
             # The same bound with only the CPU that other processes left free during the run.
