@@ -83,3 +83,10 @@ class ProcessorFailed(RequestError):
 
     status = 500
     code = "processor_error"
+
+
+class InternalError(RequestError):
+    """A bug in mmprep itself; the log has the traceback."""
+
+    status = 500
+    code = "internal_error"

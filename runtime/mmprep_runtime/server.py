@@ -133,6 +133,11 @@ async def handle_preprocess(request: web.Request) -> web.Response:
     except asyncio.CancelledError:
         outcome = "client_gone"  # the client disconnected (or the server is stopping)
         raise
+    except Exception as exc:  # noqa: BLE001 - a bug: answer like every other failure, log the traceback
+        logger.exception("preprocess failed unexpectedly")
+        internal = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
+        outcome = internal.code
+        return _error_response(internal)
     finally:
         state.metrics.requests.labels(outcome).inc()
         state.metrics.request_seconds.observe(time.perf_counter() - arrived)

@@ -287,6 +287,19 @@ async def test_a_client_that_goes_away_frees_its_slot_and_its_queued_job_is_drop
     assert "mmprep_processing_seconds_count 3.0" in metrics  # warm-up, blocker, the good one
 
 
+async def test_an_unexpected_failure_is_a_json_500_and_counted(start_server, tokenizer_dir, monkeypatch):
+    running = await start_server(tokenizer_dir)
+
+    def broken(*args, **kwargs):
+        raise AssertionError("a bug")
+
+    monkeypatch.setattr(server.pipeline, "decode_request", broken)
+    status, _, body = await running.post({"text": "x"})
+    assert status == 500 and __import__("json").loads(body)["error"]["code"] == "internal_error"
+    async with running.client.get(f"{running.url}/metrics") as response:
+        assert 'mmprep_requests_total{outcome="internal_error"} 1.0' in await response.text()
+
+
 async def test_an_uncloneable_processor_serves_on_one_worker_and_reports_it(start_server, uncloneable_dir):
     running = await start_server(uncloneable_dir, workers=3, trust_remote_code=True)
     status, _, body = await running.post({"text": "what is <image>?", "images": [b64(jpeg_bytes())]})
