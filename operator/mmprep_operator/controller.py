@@ -5,7 +5,8 @@ only decides *which* resources to look at again, and only when something that ma
 
 - a resource: its generation or its reprobe annotation changed (its own status writes are not);
 - a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
-  re-queues the resources that could place pods on it before or after the change;
+  re-queues the resources that could place pods on it before or after the change, ahead of
+  everything else in the queue (a node change must show in their status within seconds);
 - a child Deployment or Service: someone changed it, its replica counts changed, or it was
   deleted, which re-queues its owner (see ``children``);
 - a probe Job: its state changed, which re-queues the resources of its namespace.
@@ -31,7 +32,7 @@ from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.nodes import NodeFacts, eligible, node_facts
 from mmprep_operator.reconcile import Outcome, Reconciler
-from mmprep_operator.workqueue import Backoff, WorkQueue
+from mmprep_operator.workqueue import URGENT, Backoff, WorkQueue
 
 log = logging.getLogger("mmprep.operator.controller")
 
@@ -91,7 +92,7 @@ class Controller:
             # Only resources that could place pods on the node, before or after, can see a change.
             # (The count of excluded nodes in a NoEligibleNodes message refreshes at the next resync.)
             if spec is None or _could_use(spec, old) or _could_use(spec, new):
-                self.queue.add(key)
+                self.queue.add(key, URGENT)
 
     def child_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         if not self.children.observe(kind, event_type, body):

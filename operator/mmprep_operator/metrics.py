@@ -7,7 +7,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-OUTCOMES: Final = ("done", "waiting", "invalid", "gone", "error")
+OUTCOMES: Final = ("done", "decided", "waiting", "invalid", "gone", "error")
 CONDITIONS: Final = ("Ready", "Probed", "Cloneable", "Degraded")
 STATUSES: Final = ("True", "False", "Unknown")
 

@@ -11,6 +11,7 @@ nodeSelector, required node affinity, NoSchedule/NoExecute taints, cordon, and t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,11 +36,15 @@ class NodeFacts:
     #: Allocatable count of each GPU-like extended resource (nvidia.com/gpu, nvidia.com/mig-*, ...).
     gpus: tuple[tuple[str, int], ...] = ()
 
-    @property
+    # Derived once per NodeFacts (one per node event), not per access: pool grouping reads them
+    # for every node and every resource. The cache lives in the instance __dict__, outside the
+    # dataclass fields, so equality and hashing still compare the facts alone. Callers must not
+    # mutate the returned dicts.
+    @functools.cached_property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
 
-    @property
+    @functools.cached_property
     def gpu_map(self) -> dict[str, int]:
         return dict(self.gpus)
 

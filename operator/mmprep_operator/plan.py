@@ -44,8 +44,11 @@ def make_plan(
     nodes: Iterable[NodeFacts],
     probe: api.ProbeResult,
     policy: OperatorPolicy,
+    pooling: pools.Pooling | None = None,
 ) -> Plan:
-    pooling = pools.group(nodes, spec)
+    """``pooling``: ``pools.group(nodes, spec)`` when the caller already has it (memoized)."""
+    if pooling is None:
+        pooling = pools.group(nodes, spec)
     decisions = tuple(decide_pool(spec, probe, pool, policy.overrides) for pool in pooling.pools)
     counts = replicas.distribute(spec.replicas, pools.pool_weights(pooling.pools))
     objects = tuple(render.render_children(owner, spec, decisions, counts, policy))

@@ -2,9 +2,11 @@
 
 Each call re-reads the resource from the API, recomputes everything from (spec, nodes, probe,
 policy) through the pure modules, applies the children, and writes the status only when it
-differs, so a reconcile caused by its own status write ends there. The only state kept between
-calls is a cache of probe answers per (namespace, probe hash), an optimisation: the answer is
-also in each resource's status and in the probe Job.
+differs, so a reconcile caused by its own status write ends there. When the decided pools change,
+the status is written before the children are applied (see ``report_first``). The state kept
+between calls is optimisation only: a cache of probe answers per (namespace, probe hash) (the
+answer is also in each resource's status and in the probe Job), and the pool grouping of the
+current nodes per placement, so resources that share a placement group the nodes once per change.
 
 Errors: a child the API server rejects (a bad volume in the spec, forbidden) becomes the
 ``ApplyFailed`` condition and an Event, and the caller backs off; anything else raises and the
@@ -22,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, children, probe, render, status
+from mmprep_operator import api, children, pools, probe, render, status
 from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
@@ -33,11 +35,13 @@ from mmprep_operator.plan import make_plan
 
 log = logging.getLogger("mmprep.operator.reconcile")
 
-OutcomeKind = Literal["done", "waiting", "invalid", "gone", "error"]
+#: "decided": a changed decision was reported; the children follow in another, less urgent pass.
+OutcomeKind = Literal["done", "decided", "waiting", "invalid", "gone", "error"]
 # After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
 _PROBE_GRACE_SECONDS = 30.0
 _APPLY_ATTEMPTS = 3
 _PROBE_CACHE_SIZE = 1024
+_POOLING_MEMO_SIZE = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +74,37 @@ class Reconciler:
     instance: str = dataclasses.field(default_factory=socket.gethostname)
     #: Children as the watch shows them (fed by the controller); lets unchanged applies be skipped.
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
+    #: Report a changed decision and leave the applies to a second, less urgent pass (the queue
+    #: takes node-triggered reconciles first): after a node change every affected resource's
+    #: status then shows the new pools before anyone's children are applied. The operator sets
+    #: it; off, one reconcile reports first and applies at once.
+    report_first: bool = False
     #: Per resource, the Deployment names of its last successful prune.
     _desired: dict[tuple[str, str], frozenset[str]] = dataclasses.field(default_factory=dict)
+    #: The nodes the memoized poolings were grouped from, and those poolings by placement key.
+    _node_snapshot: list[NodeFacts] = dataclasses.field(default_factory=list)
+    _poolings: dict[str, pools.Pooling] = dataclasses.field(default_factory=dict)
+
+    def _pooling(self, spec: api.MultimodalPreprocessorSpec) -> pools.Pooling:
+        """``pools.group`` over the current nodes, memoized until any node fact changes.
+
+        One node event requeues every resource that could use the node; they mostly share their
+        placement (selector, tolerations, affinity, GPU resource), so they share one grouping
+        instead of each regrouping all nodes. Comparing the node list with the snapshot is cheap
+        (identity first, then the small frozen facts) and needs no version kept in step with
+        the index.
+        """
+        nodes = list(self.nodes())
+        if nodes != self._node_snapshot:
+            self._node_snapshot = nodes
+            self._poolings.clear()
+        key = pools.placement_key(spec)
+        pooling = self._poolings.get(key)
+        if pooling is None:
+            if len(self._poolings) >= _POOLING_MEMO_SIZE:
+                self._poolings.clear()
+            pooling = self._poolings[key] = pools.group(nodes, spec)
+        return pooling
 
     def _remember(self, key: tuple[str, str], result: api.ProbeResult) -> None:
         # Bounded: one entry per distinct model and namespace; the oldest goes first.
@@ -126,8 +159,33 @@ class Reconciler:
             deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
             return Outcome("waiting", requeue_after=deadline + _PROBE_GRACE_SECONDS)
 
-        plan = make_plan(owner, spec, self.nodes(), probe_status.result, self.policy)
+        pooling = self._pooling(spec)
+        plan = make_plan(owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling)
         problem = plan.problem
+        if previous is not None and previous.pools and not all(self.children.unchanged_since_apply(obj) for obj in plan.objects):
+            # Children must change. When the decided pools changed too (a node change, a spec
+            # edit), report the decision before the applies: a node change makes every resource
+            # that could use the node apply Deployments, and reporting after the applies would
+            # delay each status by everyone's applies. Deployment states are the watch's for now;
+            # the report after the applies refreshes them. Readiness is left out of the
+            # comparison, so a second pass (``report_first``) goes straight to the applies.
+            early = status.Observation(
+                generation,
+                selector,
+                probe=probe_status,
+                problem=problem,
+                decisions=plan.decisions,
+                deployment_names=plan.deployment_names,
+                replicas=plan.replicas,
+                deployments={
+                    name: self.children.deployment_state(namespace, name) or status.DeploymentState()
+                    for name in plan.deployment_names.values()
+                },
+            )
+            if _decided(status.fold(previous, early, self.clock()).pools) != _decided(previous.pools):
+                previous = await self._report(owner, body, previous, early)
+                if self.report_first:
+                    return Outcome("decided", requeue_after=0.0)
         deployments: dict[str, status.DeploymentState] = {}
         failed = False
         try:
@@ -274,7 +332,8 @@ class Reconciler:
         body: Mapping[str, Any],
         previous: api.MultimodalPreprocessorStatus | None,
         obs: status.Observation,
-    ) -> None:
+    ) -> api.MultimodalPreprocessorStatus:
+        """Write the status folded from ``obs`` (when it changed) and its Events; return it."""
         new = status.fold(previous, obs, self.clock())
         wire = new.wire()
         if previous is None or previous.wire() != wire:
@@ -282,6 +341,7 @@ class Reconciler:
         self.metrics.set_conditions((owner.namespace, owner.name), {c.type: c.status for c in new.conditions})
         for event in status.events(previous, new):
             await self._post_event(owner, body, event)
+        return new
 
     async def _post_event(self, owner: render.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
         now = status.timestamp(self.clock())
@@ -318,6 +378,11 @@ class Reconciler:
             # Events are best effort: never fail a reconcile for one.
             log.warning("could not post event", extra={"reason": event.reason, "error": str(e)})
         log.info(event.message, extra={"namespace": owner.namespace, "resource": owner.name, "event": event.reason})
+
+
+def _decided(pools: Iterable[api.PoolStatus]) -> list[dict[str, Any]]:
+    """The pools as decided: everything in their status but the observed readiness."""
+    return [p.model_dump(exclude={"ready_replicas"}) for p in pools]
 
 
 def _namespace_terminating(error: ApiError) -> bool:

@@ -29,7 +29,9 @@ class OperatorState:
     async def start(self, nodes: Callable[[], Iterable[NodeFacts]]) -> None:
         self.api = await RestKubeApi.connect(self.kubeconfig, self.context)
         self.controller.start(
-            Reconciler(api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics, children=self.controller.children)
+            Reconciler(
+                api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics, children=self.controller.children, report_first=True
+            )
         )
 
     async def stop(self) -> None:

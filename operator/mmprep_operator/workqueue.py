@@ -8,26 +8,42 @@ at once: one added while it is processed is parked and re-queued when that recon
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
+#: Priorities: a lower number is taken first (FIFO within one priority).
+URGENT = 0
+NORMAL = 1
+
+
 class WorkQueue(Generic[K]):
+    """Each key is queued at most once, at the most urgent priority it was added with.
+
+    Priorities let a node change (the affected resources must react within seconds) overtake the
+    reconciles that the previous change's own Deployment updates queued. Re-adding a pending key
+    with a more urgent priority moves it forward; the entry it leaves behind is skipped when taken.
+    """
+
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[K] = asyncio.Queue()
-        self._pending: set[K] = set()
+        self._queue: asyncio.PriorityQueue[tuple[int, int, K]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self._pending: dict[K, int] = {}  # key -> priority of its live entry
         self._processing: set[K] = set()
-        self._dirty: set[K] = set()
+        self._dirty: dict[K, int] = {}  # added while processed -> priority to re-add it with
         self._timers: dict[K, asyncio.TimerHandle] = {}
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, priority: int = NORMAL) -> None:
         if key in self._processing:
-            self._dirty.add(key)
-        elif key not in self._pending:
-            self._pending.add(key)
-            self._queue.put_nowait(key)
+            self._dirty[key] = min(priority, self._dirty.get(key, priority))
+            return
+        queued = self._pending.get(key)
+        if queued is None or priority < queued:
+            self._pending[key] = priority
+            self._queue.put_nowait((priority, next(self._seq), key))
 
     def add_after(self, key: K, delay: float) -> None:
         """Add later; an earlier pending timer for the key wins (the sooner look is what matters)."""
@@ -45,16 +61,29 @@ class WorkQueue(Generic[K]):
         self.add(key)
 
     async def get(self) -> K:
-        key = await self._queue.get()
-        self._pending.discard(key)
+        while True:
+            priority, _, key = await self._queue.get()
+            if self._pending.get(key) == priority:
+                return self._take(key)
+            # else a stale entry: the key moved forward, or was taken already
+
+    def get_nowait(self) -> K:
+        """Like ``get``, without waiting; raises ``asyncio.QueueEmpty`` when nothing is pending."""
+        while True:
+            priority, _, key = self._queue.get_nowait()
+            if self._pending.get(key) == priority:
+                return self._take(key)
+
+    def _take(self, key: K) -> K:
+        del self._pending[key]
         self._processing.add(key)
         return key
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
-        if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
+        priority = self._dirty.pop(key, None)
+        if priority is not None:
+            self.add(key, priority)
 
     def forget(self, key: K) -> None:
         """Drop a delayed re-add (the resource is gone)."""
@@ -68,7 +97,7 @@ class WorkQueue(Generic[K]):
         self._timers.clear()
 
     def __len__(self) -> int:
-        return self._queue.qsize()
+        return len(self._pending)
 
 
 class Backoff(Generic[K]):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from conftest import H200
 from mmprep_operator.controller import Controller
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.reconcile import Outcome
-from mmprep_operator.workqueue import Backoff, WorkQueue
+from mmprep_operator.workqueue import URGENT, Backoff, WorkQueue
 
 
 def node(labels: dict, heartbeat: str = "t0", gpus: str = "8") -> dict:
@@ -26,8 +28,8 @@ def resource(name: str = "m", generation: int = 1, annotations: dict | None = No
 def queued(controller: Controller) -> list:
     out = []
     while len(controller.queue):
-        key = controller.queue._queue.get_nowait()
-        controller.queue._pending.discard(key)
+        key = controller.queue.get_nowait()
+        controller.queue.done(key)
         out.append(key)
     return out
 
@@ -90,6 +92,33 @@ async def test_queue_parks_a_key_added_while_it_is_processed() -> None:
     assert len(q) == 0
     q.done("k")
     assert len(q) == 1 and await q.get() == "k"
+
+
+async def test_queue_takes_urgent_keys_first_and_holds_each_key_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for key in ("a", "b", "c"):
+        q.add(key)
+    q.add("c", URGENT)  # moves forward; its normal entry must not make it come twice
+    q.add("b")
+    q.add("d", URGENT)
+    assert len(q) == 4
+    taken = [q.get_nowait() for _ in range(4)]
+    assert taken == ["c", "d", "a", "b"]
+    for key in taken:
+        q.done(key)
+    assert len(q) == 0
+    with pytest.raises(asyncio.QueueEmpty):
+        q.get_nowait()
+
+
+async def test_a_key_added_urgently_while_processed_comes_back_urgent() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("k")
+    assert await q.get() == "k"
+    q.add("other")
+    q.add("k", URGENT)
+    q.done("k")
+    assert [q.get_nowait(), q.get_nowait()] == ["k", "other"]
 
 
 async def test_delayed_add_keeps_the_earliest_timer() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
+from mmprep_operator import pools
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict
 from mmprep_operator.metrics import Metrics
@@ -107,6 +108,78 @@ async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployme
     assert cluster.api.deleted == ["m-nvidia-gb300"]
     assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
     assert "PoolRemoved" in [e["reason"] for e in cluster.api.events]
+
+
+async def test_a_node_change_is_reported_before_the_children_are_applied(cluster: Cluster) -> None:
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    await cluster.reconcile()
+    writes: list[tuple[int, list[tuple[str, int]]]] = []
+    real_write = cluster.api.replace_resource_status
+
+    async def recording(namespace: str, name: str, status: dict) -> None:
+        writes.append((len(cluster.api.applies), [(p["name"], p["nodes"]) for p in status["pools"]]))
+        await real_write(namespace, name, status)
+
+    cluster.api.replace_resource_status = recording  # type: ignore[method-assign]
+    applies = len(cluster.api.applies)
+    cluster.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", H200, gpus=4)]
+    assert (await cluster.reconcile()).kind == "done"
+    # The new pools are in the status before any child is applied, and again after.
+    assert writes[0] == (applies, [("nvidia-h200-141gb-hbm3e", 3)])
+    assert len(cluster.api.applies) > applies
+    assert writes[-1][1] == [("nvidia-h200-141gb-hbm3e", 3)]
+    assert [e["reason"] for e in cluster.api.events].count("PoolRemoved") == 1  # not once per write
+
+
+async def test_report_first_reports_a_node_change_and_applies_in_a_second_pass(cluster: Cluster) -> None:
+    cluster.reconciler.report_first = True
+    cluster.api.add_resource("m", GPU_SPEC)
+    await cluster.reconcile()
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    assert (await cluster.reconcile()).kind == "done"  # the first pools: nothing to report early
+    applies = len(cluster.api.applies)
+    cluster.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", H200, gpus=4)]
+    outcome = await cluster.reconcile()
+    assert (outcome.kind, outcome.requeue_after) == ("decided", 0.0)
+    assert [(p["name"], p["nodes"], p["replicas"]) for p in cluster.status()["pools"]] == [("nvidia-h200-141gb-hbm3e", 3, 3)]
+    assert len(cluster.api.applies) == applies and cluster.api.deleted == []
+    assert (await cluster.reconcile()).kind == "done"
+    assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
+    assert cluster.api.deleted == ["m-nvidia-gb300"]
+
+
+async def test_resources_with_the_same_placement_share_one_grouping_until_a_node_changes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groupings = []
+    real_group = pools.group
+
+    def counting(nodes, spec):  # type: ignore[no-untyped-def]
+        groupings.append(spec.replicas)
+        return real_group(nodes, spec)
+
+    monkeypatch.setattr(pools, "group", counting)
+    cluster.api.add_resource("a", GPU_SPEC)
+    cluster.api.add_resource("b", {**GPU_SPEC, "replicas": 1})
+    cluster.api.add_resource("cpu", {"model": {"path": "/models/m"}})
+    await cluster.reconcile("a")
+    cluster.api.finish_job(cluster.job_name(), PROBE_OK)
+    for name in ("a", "b", "a", "b"):
+        await cluster.reconcile(name)
+    assert len(groupings) == 1  # same nodeSelector, tolerations, affinity and GPU resource
+    await cluster.reconcile("cpu")
+    assert len(groupings) == 2  # another placement: its own grouping
+    cluster.nodes = [*cluster.nodes[:2], make_node("gb300-a", H200, gpus=4)]
+    for name in ("a", "b"):
+        await cluster.reconcile(name)
+        assert [(p["name"], p["nodes"]) for p in cluster.status(name)["pools"]] == [("nvidia-h200-141gb-hbm3e", 3)]
+    assert len(groupings) == 3
+    # An equal node list (a heartbeat re-read into new objects) keeps the grouping.
+    cluster.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", H200, gpus=4)]
+    await cluster.reconcile("a")
+    assert len(groupings) == 3
 
 
 async def test_resources_with_the_same_model_share_one_probe(cluster: Cluster) -> None:
