@@ -28,6 +28,9 @@ class Engine:
     intra_op_threads: int
     pool: executor.ProcessorPool[Any]
     io_pool: concurrent.futures.ThreadPoolExecutor
+    #: Decode each request on the processor worker that processes it, not on the IO pool
+    #: (``should_decode_on_worker``).
+    decode_on_worker: bool = False
 
     def info(self) -> dict[str, Any]:
         facts = self.facts
@@ -55,6 +58,7 @@ class Engine:
             "worker_clone_seconds": [round(s, 6) for s in self.pool.clone_seconds],
             "usable_cpus": self.usable_cpus,
             "intra_op_threads": self.intra_op_threads,
+            "decode_on_worker": self.decode_on_worker,
             "versions": versions.versions(),
         }
 
@@ -80,6 +84,19 @@ def _set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def should_decode_on_worker(path: policy.Path, processor_workers: int, usable_cpus: int) -> bool:
+    """Whether each request is decoded by the processor worker that processes it.
+
+    When the processor workers alone can keep every usable CPU busy (CPU path, at least one
+    worker per CPU), decoding on the IO pool buys no parallelism, only costs: two more thread
+    hand-offs per request (IO thread -> event loop -> worker) and four more threads competing for
+    the GIL with the workers. Measured at 2 workers on 2 CPUs through HTTP: about 0.5 ms less CPU
+    per request. With fewer workers than CPUs (or the GPU path's single worker), the IO pool
+    decodes the next request while the worker processes, which is worth more.
+    """
+    return path is policy.Path.CPU and processor_workers >= usable_cpus
+
+
 def start_engine(
     model: loading.ModelSettings,
     *,
@@ -87,6 +104,7 @@ def start_engine(
     io_workers: int | None = None,
     intra_op_threads: int | None = None,
     observer: executor.PoolObserver | None = None,
+    decode_on_worker: bool | None = None,
     warm: bool = True,
     warm_timeout: float | None = 600.0,
 ) -> Engine:
@@ -137,7 +155,9 @@ def start_engine(
         observer=observer,
     )
     io_pool = concurrent.futures.ThreadPoolExecutor(decision.io_workers, thread_name_prefix="mmprep-io")
-    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool)
+    if decode_on_worker is None:
+        decode_on_worker = should_decode_on_worker(path, decision.processor_workers, usable)
+    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker)
     if warm:
         pool.warm(warm_timeout)
     logger.info(

@@ -1,7 +1,8 @@
 """The HTTP adapter: ``create_app(settings)`` and its handlers, over the pipeline and the engine.
 
-The event loop only moves bytes and awaits: JSON parsing, decoding and encoding run on the IO
-pool, the processor on the processor pool. The engine starts in the background after the socket
+The event loop only moves bytes and awaits: JSON parsing and decoding run on the IO pool, or on
+the processor worker itself when the workers alone fill the CPUs (``Engine.decode_on_worker``),
+the processor on the processor pool, large (safetensors) answers are encoded on the IO pool. The engine starts in the background after the socket
 is open, so ``/healthz`` answers while the model loads and ``/readyz`` turns 200 once the pool is
 warm.
 
@@ -87,6 +88,20 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
     except web.HTTPRequestEntityTooLarge:
         raise errors.BodyTooLarge(f"body is over the limit of {limits.max_body_bytes} bytes") from None
     loop = asyncio.get_running_loop()
+    if engine.decode_on_worker:
+        # One job per request: no hop through the IO pool and back through the loop (see Engine).
+        if not binary:
+            answer = await asyncio.wrap_future(
+                engine.pool.submit(pipeline.decode_and_process_to_json, body, engine.facts, limits)
+            )
+            state.metrics.decode_seconds.observe(answer.decode_seconds)
+            return web.Response(body=answer.value, content_type=JSON_TYPE)
+        answer = await asyncio.wrap_future(engine.pool.submit(pipeline.decode_and_process, body, engine.facts, limits))
+        state.metrics.decode_seconds.observe(answer.decode_seconds)
+        payload = await loop.run_in_executor(
+            engine.io_pool, pipeline.encode_safetensors, answer.value, engine.facts.model
+        )
+        return web.Response(body=payload, content_type=OCTET_STREAM)
     started = time.perf_counter()
     decoded = await loop.run_in_executor(
         engine.io_pool, pipeline.decode_request, body, engine.facts, limits

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from mmprep_runtime import engine as engine_module
 from mmprep_runtime import loading, server, testing_models
 from mmprep_runtime.testing_media import jpeg as jpeg_bytes
 from mmprep_runtime.testing_media import png as png_bytes
@@ -212,8 +213,32 @@ BAD_INPUTS = [
 ]
 
 
-async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start_server, qwen_dir):
+@pytest.fixture(params=[True, False], ids=["decode-on-worker", "decode-on-io-pool"])
+def decode_on_worker(request, monkeypatch) -> bool:
+    """Both places a request can be decoded, whatever this machine's CPU count would choose."""
+    monkeypatch.setattr(engine_module, "should_decode_on_worker", lambda *args: request.param)
+    return request.param
+
+
+async def test_both_decoding_places_give_the_same_answers(start_server, qwen_dir, decode_on_worker):
+    from safetensors.torch import load
+
+    running = await start_server(qwen_dir, workers=2)
+    assert (await running.json("/v1/info"))[1]["decode_on_worker"] is decode_on_worker
+    payload = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(112, 84))]}
+    status, _, body = await running.post(payload)
+    assert status == 200, body
+    answer = __import__("json").loads(body)
+    assert answer["tensors"]["pixel_values"]["shape"] == [48, 1176]  # 112x84 -> 8x6 patches of 14
+    status, _, body = await running.post(payload, query="?format=safetensors")
+    assert status == 200 and load(body)["input_ids"].tolist() == answer["input_ids"]
+    async with running.client.get(f"{running.url}/metrics") as response:
+        assert "mmprep_decode_seconds_count 2.0" in await response.text()
+
+
+async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start_server, qwen_dir, decode_on_worker):
     running = await start_server(qwen_dir, limits=Limits(max_body_bytes=200_000, max_image_pixels=5_000_000))
+    assert running.state.engine is not None and running.state.engine.decode_on_worker is decode_on_worker
     good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
     for case, request, expected_status, fragment in BAD_INPUTS:
         status, headers, body = await running.post(
