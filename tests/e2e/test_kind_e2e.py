@@ -54,6 +54,12 @@ def _why_kind_cannot_run(node_image: str) -> str | None:
     if reason:
         return f"no Docker engine: {reason}"
     if docker("image", "inspect", node_image, check=False).returncode != 0:
+        # Only an explicit `make kind-e2e` reaches for a registry; a plain test run stays offline.
+        if os.environ.get("MMPREP_KIND_E2E") != "1":
+            return (
+                f"kind node image {node_image} is not in the local engine (load it with `docker load -i node.tar`, "
+                "set KIND_NODE_IMAGE, or run `make kind-e2e` to pull it)"
+            )
         pulled = docker("pull", node_image, check=False, timeout=180)
         if pulled.returncode != 0:
             last = (pulled.stderr.strip().splitlines() or ["no output"])[-1]
