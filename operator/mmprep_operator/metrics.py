@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Final
 
@@ -32,21 +33,27 @@ class Metrics:
         for outcome in OUTCOMES:
             self.reconciles.labels(outcome)  # export zeros, so rates exist before the first event
         self._conditions: dict[tuple[str, str], dict[str, str]] = {}
+        # Kept in step with _conditions: every reconcile records its resource, so recounting all
+        # resources each time would cost O(resources) per reconcile.
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._publish()
 
     def set_conditions(self, key: tuple[str, str], conditions: Mapping[str, str] | None) -> None:
         """Record one resource's condition statuses (None: the resource is gone)."""
-        if conditions is None:
-            self._conditions.pop(key, None)
-        else:
-            self._conditions[key] = dict(conditions)
+        old = self._conditions.pop(key, None) or {}
+        new = dict(conditions) if conditions is not None else {}
+        if conditions is not None:
+            self._conditions[key] = new
+        if old == new:
+            return
+        self._counts.subtract((c, s) for c, s in old.items())
+        self._counts.update((c, s) for c, s in new.items())
         self._publish()
 
     def _publish(self) -> None:
         for condition in CONDITIONS:
             for status in STATUSES:
-                count = sum(1 for c in self._conditions.values() if c.get(condition) == status)
-                self.resources.labels(condition, status).set(count)
+                self.resources.labels(condition, status).set(self._counts[(condition, status)])
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)

@@ -212,3 +212,20 @@ async def test_a_node_change_wakes_only_resources_that_could_use_the_node() -> N
     assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-a"), ("ns", "in-b")]
     c.node_event("DELETED", node({**H200, "zone": "b"}))
     assert sorted(queued(c)) == [("ns", "broken"), ("ns", "in-b")]
+
+
+def test_condition_gauges_count_resources_by_status() -> None:
+    metrics = Metrics()
+
+    def count(status: str) -> float:
+        return metrics.resources.labels("Ready", status)._value.get()
+
+    metrics.set_conditions(("ns", "a"), {"Ready": "True"})
+    metrics.set_conditions(("ns", "b"), {"Ready": "False"})
+    assert (count("True"), count("False")) == (1, 1)
+    metrics.set_conditions(("ns", "b"), {"Ready": "True"})
+    metrics.set_conditions(("ns", "b"), {"Ready": "True"})  # the same again counts once
+    assert (count("True"), count("False")) == (2, 0)
+    metrics.set_conditions(("ns", "a"), None)
+    metrics.set_conditions(("ns", "gone"), None)
+    assert (count("True"), count("False")) == (1, 0)
