@@ -253,6 +253,7 @@ class Server:
             "workers": self.workers,
             "intra_op_threads": self.info.get("intra_op_threads"),
             "io_workers": self.info.get("workers", {}).get("io"),
+            "decode_on_worker": self.info.get("decode_on_worker"),
             "connections": self.connections,
             "requests": requests,
             "req_per_s": round(requests / seconds, 2),
@@ -333,16 +334,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"Through HTTP (`wrk`, server CPU and RSS from the server process; IO workers: "
         f"{report['io_workers'] or 'the decision (4)'}):",
         "",
-        "| backend | workers | threads | conns | req/s | p50 ms | p99 ms | CPU ms/req | faults/req | RSS MB "
-        "| of bound | other load (cores) | of free CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| backend | workers | threads | decode on | conns | req/s | p50 ms | p99 ms | server cores | CPU ms/req "
+        "| faults/req | RSS MB | of bound | wrk (cores) | other load (cores) | of free CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["http"]:
         lines.append(
-            f"| {row['backend']} | {row['workers']} | {row['intra_op_threads']} | {row['connections']} | "
-            f"{row['req_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['cpu_ms_per_request']:.1f} | "
-            f"{row['page_faults_per_request']} | {row['rss_mb']:.0f} | {row['efficiency'] * 100:.0f}% | "
-            f"{row['other_cpu_cores']:.2f} | {row['efficiency_of_free_cpu'] * 100:.0f}% |"
+            f"| {row['backend']} | {row['workers']} | {row['intra_op_threads']} | "
+            f"{'worker' if row['decode_on_worker'] else 'IO pool'} | {row['connections']} | "
+            f"{row['req_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['server_cpu_cores']:.2f} | "
+            f"{row['cpu_ms_per_request']:.1f} | {row['page_faults_per_request']} | {row['rss_mb']:.0f} | "
+            f"{row['efficiency'] * 100:.0f}% | {row['wrk_cpu_cores']:.2f} | {row['other_cpu_cores']:.2f} | "
+            f"{row['efficiency_of_free_cpu'] * 100:.0f}% |"
         )
     best = report["targets"]["http_best_efficiency"]
     lines += ["", "Best HTTP efficiency against the bound: "
