@@ -36,13 +36,7 @@ class Engine:
         facts = self.facts
         return {
             "model": facts.model,
-            "processor_class": facts.processor_class,
-            "tokenizer_class": facts.tokenizer_class,
-            "image_processor_class": facts.image_processor_class,
-            "fast_image_processor": facts.fast_image_processor,
-            "backend": facts.backend,
-            "feature_extractor_class": facts.feature_extractor_class,
-            "declared_workers": facts.declared_workers,
+            **facts.reported(),
             "path": self.decision.path.value,
             "device": self.device,
             "workers": {

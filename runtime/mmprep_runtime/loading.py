@@ -53,6 +53,18 @@ class ProcessorFacts:
     image_token: str | None
     declared_workers: int | None
 
+    def reported(self) -> dict[str, object]:
+        """The facts that both the probe and ``/v1/info`` report, under the same keys."""
+        return {
+            "processor_class": self.processor_class,
+            "tokenizer_class": self.tokenizer_class,
+            "image_processor_class": self.image_processor_class,
+            "fast_image_processor": self.fast_image_processor,
+            "backend": self.backend,
+            "feature_extractor_class": self.feature_extractor_class,
+            "declared_workers": self.declared_workers,
+        }
+
     @property
     def takes_images(self) -> bool:
         return self.image_processor_class is not None
