@@ -162,14 +162,9 @@ class Reconciler:
         pooling = self._pooling(spec)
         plan = make_plan(owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling)
         problem = plan.problem
-        if previous is not None and previous.pools and not all(self.children.unchanged_since_apply(obj) for obj in plan.objects):
-            # Children must change. When the decided pools changed too (a node change, a spec
-            # edit), report the decision before the applies: a node change makes every resource
-            # that could use the node apply Deployments, and reporting after the applies would
-            # delay each status by everyone's applies. Deployment states are the watch's for now;
-            # the report after the applies refreshes them. Readiness is left out of the
-            # comparison, so a second pass (``report_first``) goes straight to the applies.
-            early = status.Observation(
+
+        def observed(deployments: dict[str, status.DeploymentState], problem: status.Problem | None) -> status.Observation:
+            return status.Observation(
                 generation,
                 selector,
                 probe=probe_status,
@@ -177,10 +172,22 @@ class Reconciler:
                 decisions=plan.decisions,
                 deployment_names=plan.deployment_names,
                 replicas=plan.replicas,
-                deployments={
+                deployments=deployments,
+            )
+
+        if previous is not None and previous.pools and not all(self.children.unchanged_since_apply(obj) for obj in plan.objects):
+            # Children must change. When the decided pools changed too (a node change, a spec
+            # edit), report the decision before the applies: a node change makes every resource
+            # that could use the node apply Deployments, and reporting after the applies would
+            # delay each status by everyone's applies. Deployment states are the watch's for now;
+            # the report after the applies refreshes them. Readiness is left out of the
+            # comparison, so a second pass (``report_first``) goes straight to the applies.
+            early = observed(
+                {
                     name: self.children.deployment_state(namespace, name) or status.DeploymentState()
                     for name in plan.deployment_names.values()
                 },
+                problem,
             )
             if _decided(status.fold(previous, early, self.clock()).pools) != _decided(previous.pools):
                 previous = await self._report(owner, body, previous, early)
@@ -214,17 +221,7 @@ class Reconciler:
                 problem = status.Problem("NameConflict", e.message)
             else:
                 problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
-        obs = status.Observation(
-            generation,
-            selector,
-            probe=probe_status,
-            problem=problem,
-            decisions=plan.decisions,
-            deployment_names=plan.deployment_names,
-            replicas=plan.replicas,
-            deployments=deployments,
-        )
-        await self._report(owner, body, previous, obs)
+        await self._report(owner, body, previous, observed(deployments, problem))
         return Outcome("error" if failed else "done")
 
     # ---------------------------------------------------------------------------------- probe
