@@ -104,13 +104,7 @@ def start_engine(
 ) -> Engine:
     processor, facts = loading.load_processor(model)
     device, gpu_available = resolve_device(model.device)
-    backend = facts.backend if facts.backend in ("pil", "torchvision") else policy.Backend.AUTO
-    path = policy.decide_path(
-        gpu_available=gpu_available,
-        device=model.device,
-        backend=backend,
-        fast_image_processor=facts.fast_image_processor,
-    )
+    path = facts.path(gpu_available=gpu_available, device=model.device)
     if path is policy.Path.GPU:
         loading.bind_device(processor, device)
     else:

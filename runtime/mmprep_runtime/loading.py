@@ -65,6 +65,16 @@ class ProcessorFacts:
             "declared_workers": self.declared_workers,
         }
 
+    def path(self, *, gpu_available: bool, device: policy.Device | str) -> policy.Path:
+        """The shared path rule applied to these facts (an unknown backend counts as ``auto``)."""
+        backend = self.backend if self.backend in ("pil", "torchvision") else policy.Backend.AUTO
+        return policy.decide_path(
+            gpu_available=gpu_available,
+            device=device,
+            backend=backend,
+            fast_image_processor=self.fast_image_processor,
+        )
+
     @property
     def takes_images(self) -> bool:
         return self.image_processor_class is not None

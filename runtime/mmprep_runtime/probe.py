@@ -18,7 +18,7 @@ import pathlib
 import sys
 from typing import Any, Final
 
-from mmprep_runtime import executor, loading, policy, versions
+from mmprep_runtime import executor, loading, versions
 from mmprep_runtime.settings import SettingsError, model_settings_from_args
 
 MAX_BYTES: Final = 4096
@@ -37,13 +37,7 @@ def probe(settings: loading.ModelSettings) -> dict[str, Any]:
     """The probe's answer. Raises ``ModelLoadError`` when the processor cannot be loaded."""
     processor, facts = loading.load_processor(settings)
     clone = executor.probe_clone(lambda: processor)
-    backend = facts.backend if facts.backend in ("pil", "torchvision") else policy.Backend.AUTO
-    path_if_gpu = policy.decide_path(
-        gpu_available=True,
-        device=settings.device,
-        backend=backend,
-        fast_image_processor=facts.fast_image_processor,
-    )
+    path_if_gpu = facts.path(gpu_available=True, device=settings.device)
     return {
         "model": settings.model,
         "cloneable": clone.cloneable,
