@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any, Coroutine
 
 from aiohttp import web
 
@@ -71,6 +72,20 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None)
     return exit_code
 
 
+def run_event_loop(main_coroutine: Coroutine[Any, Any, int]) -> int:
+    """Run the server on uvloop when it is installed (the runtime extra has it), else on asyncio.
+
+    The event loop holds the GIL while it reads request bodies and writes answers, and every
+    millisecond it holds is a millisecond a worker may wait for. uvloop does the same work in less
+    time: at 2 workers on 2 cores, 3% more requests per second through HTTP (benchmarks/runtime).
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main_coroutine)
+    return uvloop.run(main_coroutine)
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -81,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    code = asyncio.run(run_server(settings))
+    code = run_event_loop(run_server(settings))
     if code == EXIT_LOAD_FAILED:
         print("mmprep-runtime serve: the processor could not be started; the reason is logged above",
               file=sys.stderr)

@@ -175,6 +175,10 @@ async def handle_readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": True})
 
 
+def event_loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
 async def handle_info(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.engine is None:
@@ -187,6 +191,7 @@ async def handle_info(request: web.Request) -> web.Response:
     info["queue_capacity"] = state.admission.capacity if state.admission else None
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
+    info["event_loop"] = event_loop_name(asyncio.get_running_loop())
     return web.json_response(info, dumps=functools.partial(json.dumps, indent=2))
 
 

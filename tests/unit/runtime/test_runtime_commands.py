@@ -90,6 +90,8 @@ def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
         _wait_ready(process, base)
         _, info = _get(f"{base}/v1/info")
         assert json.loads(info)["workers"] == {**json.loads(info)["workers"], "processor": 1, "reason": "Explicit"}
+        # The runtime extra installs uvloop, and the served process must actually run on it.
+        assert json.loads(info)["event_loop"] == "uvloop"
         # Large images on one worker: the requests queue behind each other for a while.
         payload = {
             "text": f"what is {testing_models.QWEN_IMAGE_PLACEHOLDER}",
