@@ -40,6 +40,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image processor backend (default auto: torchvision when available)")
     parser.add_argument("--device", choices=[d.value for d in policy.Device], default=None,
                         help="where a fast image processor runs (default: env MMPREP_DEVICE, else auto)")
+    parser.add_argument("--no-fast-paths", dest="fast_paths", action="store_false", default=None,
+                        help="use transformers' own token checks instead of mmprep's exact, GIL-light "
+                             "stand-ins (default: env MMPREP_FAST_PATHS, else on)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,6 +53,7 @@ class Engine:
             "usable_cpus": self.usable_cpus,
             "intra_op_threads": self.intra_op_threads,
             "decode_on_worker": self.decode_on_worker,
+            "fast_paths": list(facts.fast_paths),
             "versions": versions.versions(),
         }
 

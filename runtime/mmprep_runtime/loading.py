@@ -22,7 +22,7 @@ import logging
 import pathlib
 from typing import Any
 
-from mmprep_runtime import declared, patches, policy
+from mmprep_runtime import declared, fast_paths, patches, policy
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class ModelSettings:
     trust_remote_code: bool = False
     backend: policy.Backend = policy.Backend.AUTO
     device: policy.Device = policy.Device.AUTO
+    #: Bind the exact, GIL-light stand-ins of ``fast_paths`` (off: transformers' own steps only).
+    fast_paths: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,8 @@ class ProcessorFacts:
     sampling_rate: int | None
     image_token: str | None
     declared_workers: int | None
+    #: The ``fast_paths`` stand-ins bound on this processor (empty when off or not applicable).
+    fast_paths: tuple[str, ...] = ()
 
     def reported(self) -> dict[str, object]:
         """The facts that both the probe and ``/v1/info`` report, under the same keys."""
@@ -114,7 +118,9 @@ def _image_backend(image_processor: Any) -> str | None:
     return "other"
 
 
-def facts_of(processor: Any, model: str, declared_workers: int | None) -> ProcessorFacts:
+def facts_of(
+    processor: Any, model: str, declared_workers: int | None, fast_paths: tuple[str, ...] = ()
+) -> ProcessorFacts:
     image_processor = getattr(processor, "image_processor", None)
     feature_extractor = getattr(processor, "feature_extractor", None)
     backend = _image_backend(image_processor)
@@ -129,6 +135,7 @@ def facts_of(processor: Any, model: str, declared_workers: int | None) -> Proces
         sampling_rate=getattr(feature_extractor, "sampling_rate", None),
         image_token=getattr(processor, "image_token", None) if image_processor is not None else None,
         declared_workers=declared_workers,
+        fast_paths=fast_paths,
     )
 
 
@@ -170,7 +177,8 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
         declared_count = declared.declared_workers(folder, type(processor).__name__)
     except declared.DeclarationError as exc:
         raise ModelLoadError(f"{settings.model!r}: {exc}") from exc
-    return processor, facts_of(processor, settings.model, declared_count)
+    bound = fast_paths.apply(processor) if settings.fast_paths else ()
+    return processor, facts_of(processor, settings.model, declared_count, bound)
 
 
 def cuda_available() -> bool:

@@ -18,6 +18,7 @@ from mmprep_runtime.loading import ModelSettings
 ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
 ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
 ENV_DEVICE: Final = "MMPREP_DEVICE"
+ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
 
 
 class SettingsError(ValueError):
@@ -98,6 +99,17 @@ def _env_device(environ: Mapping[str, str]) -> policy.Device | None:
         raise SettingsError(f"{ENV_DEVICE} must be one of auto, cpu, cuda; got {text!r}") from None
 
 
+def _env_switch(environ: Mapping[str, str], name: str) -> bool | None:
+    text = environ.get(name, "").strip().lower()
+    if not text:
+        return None
+    if text in ("1", "true", "on", "yes"):
+        return True
+    if text in ("0", "false", "off", "no"):
+        return False
+    raise SettingsError(f"{name} must be one of 1, true, on, yes, 0, false, off, no; got {text!r}")
+
+
 def model_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelSettings:
     device = policy.Device(args.device) if args.device else (_env_device(environ) or policy.Device.AUTO)
     return ModelSettings(
@@ -106,6 +118,11 @@ def model_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         trust_remote_code=bool(args.trust_remote_code),
         backend=policy.Backend(args.backend) if args.backend else policy.Backend.AUTO,
         device=device,
+        fast_paths=next(
+            (value for value in (getattr(args, "fast_paths", None), _env_switch(environ, ENV_FAST_PATHS))
+             if value is not None),
+            True,
+        ),
     )
 
 

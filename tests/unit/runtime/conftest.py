@@ -11,7 +11,8 @@ from typing import Callable
 
 import pytest
 
-from mmprep_runtime import testing_models
+from mmprep_runtime import engine, loading, testing_models
+from mmprep_runtime.policy import Backend, Device
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,3 +60,23 @@ def tokenizer_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def uncloneable_dir(model_factory: Callable[..., pathlib.Path]) -> pathlib.Path:
     return model_factory("uncloneable")
+
+
+@pytest.fixture
+def started():
+    """Start real engines on the CPU (``started(folder, **start_engine kwargs)``); closed after the test."""
+    engines: list[engine.Engine] = []
+
+    def start(folder: pathlib.Path, **kwargs) -> engine.Engine:
+        model = loading.ModelSettings(
+            str(folder),
+            trust_remote_code=kwargs.pop("trust_remote_code", False),
+            backend=kwargs.pop("backend", Backend.AUTO),
+            device=Device.CPU,
+        )
+        engines.append(engine.start_engine(model, **kwargs))
+        return engines[-1]
+
+    yield start
+    for running in engines:
+        running.close(timeout=30)

@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import pytest
 
 from mmprep_runtime import cli, cpus, engine, loading, policy, settings
 from mmprep_runtime.policy import Backend, Device, Path, Reason
-
-
-def _start(folder: pathlib.Path, **kwargs) -> engine.Engine:
-    trust = kwargs.pop("trust_remote_code", False)
-    backend = kwargs.pop("backend", Backend.AUTO)
-    model = loading.ModelSettings(str(folder), trust_remote_code=trust, backend=backend, device=Device.CPU)
-    return engine.start_engine(model, **kwargs)
-
-
-@pytest.fixture
-def started():
-    engines: list[engine.Engine] = []
-
-    def start(folder, **kwargs):
-        engines.append(_start(folder, **kwargs))
-        return engines[-1]
-
-    yield start
-    for running in engines:
-        running.close(timeout=30)
 
 
 def test_a_cpu_processor_without_declaration_gets_the_cpu_default(started, llava_dir):
@@ -62,9 +41,9 @@ def test_an_uncloneable_processor_falls_back_to_one_worker_and_says_why(started,
     assert "4 workers were asked for" in info["workers"]["message"]
 
 
-def test_remote_code_is_refused_without_trust(uncloneable_dir):
+def test_remote_code_is_refused_without_trust(started, uncloneable_dir):
     with pytest.raises(loading.ModelLoadError, match="trust_remote_code"):
-        _start(uncloneable_dir)
+        started(uncloneable_dir)
 
 
 def test_the_backend_flag_swaps_the_image_processor_and_the_info_says_so(started, qwen_dir):
