@@ -146,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = OperatorState(
         policy=policy,
         metrics=metrics,
-        controller=Controller(metrics=metrics, resync_seconds=policy.resync_seconds, workers=args.workers),
+        controller=Controller(metrics=metrics, resync_seconds=policy.resync_seconds, workers=args.workers, urgent_workers=args.urgent_workers),
         kubeconfig=args.kubeconfig,
         context=args.context,
     )
@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     # Reconciles wait on the API server, not the CPU: a few in parallel keep node-change reactions
     # fast when many resources share the changed nodes.
     run.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reconciles (default 4)")
+    run.add_argument(
+        "--urgent-workers",
+        type=int,
+        default=8,
+        metavar="N",
+        help="more concurrent reconciles for node changes only, mostly status writes (default 8)",
+    )
     run.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else KUBECONFIG or ~/.kube/config)")
     run.add_argument("--context", metavar="NAME", help="kubeconfig context")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="log line format (default json)")
@@ -232,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "workers", 1) < 1:
         parser.error("--workers must be >= 1")
+    if getattr(args, "urgent_workers", 0) < 0:
+        parser.error("--urgent-workers must be >= 0")
     try:
         return int(args.func(args))
     except UsageError as e:

@@ -4,6 +4,8 @@ The kopf handlers (``handlers``) call into one ``Controller`` kept in kopf's mem
 only decides *which* resources to look at again, and only when something that matters changed:
 
 - a resource: its generation or its reprobe annotation changed (its own status writes are not);
+  every event's copy of the resource is kept for the reconciler (``watched``), which starts
+  status-only passes from it instead of a GET;
 - a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
   re-queues the resources that could place pods on it before or after the change, ahead of
   everything else in the queue (a node change must show in their status within seconds);
@@ -44,6 +46,10 @@ class Controller:
     metrics: Metrics
     resync_seconds: float = 300.0
     workers: int = 2
+    #: More workers that take urgent (node-triggered) keys only. Those passes are mostly one
+    #: status write each (``Reconciler.report_first``), so more of them in flight shortens the
+    #: reaction to a node change without running more applies at once.
+    urgent_workers: int = 0
     queue: WorkQueue[Key] = dataclasses.field(default_factory=WorkQueue)
     backoff: Backoff[Key] = dataclasses.field(default_factory=Backoff)
     reconciler: Reconciler | None = None
@@ -54,6 +60,8 @@ class Controller:
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
     #: Parsed specs (None: invalid), to tell which resources a node change can affect.
     _specs: dict[Key, api.MultimodalPreprocessorSpec | None] = dataclasses.field(default_factory=dict)
+    #: The latest copy of each resource the watch delivered (read-only; see ``watched``).
+    _bodies: dict[Key, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------------------- events
@@ -64,10 +72,12 @@ class Controller:
         if event_type == "DELETED":
             self._resources.pop(key, None)
             self._specs.pop(key, None)
+            self._bodies.pop(key, None)
             self.queue.forget(key)
             self.backoff.reset(key)
             self.metrics.set_conditions(key, None)
             return
+        self._bodies[key] = dict(body)  # a shallow copy: each event brings a new object
         fingerprint = (meta.get("generation"), (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE), meta.get("uid"))
         if self._resources.get(key) != fingerprint:
             self._resources[key] = fingerprint
@@ -76,6 +86,10 @@ class Controller:
             except ValidationError:
                 self._specs[key] = None  # the reconciler reports it; here it means "always look"
             self.queue.add(key)
+
+    def watched(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The watch's latest copy of a resource (it may lag behind the API: check its version)."""
+        return self._bodies.get((namespace, name))
 
     def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         facts = node_facts(body)
@@ -118,6 +132,11 @@ class Controller:
     def start(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
         self._tasks = [asyncio.create_task(self._work(), name=f"mmprep-worker-{i}") for i in range(self.workers)]
+        if self.urgent_workers:
+            self.queue.serve_urgent_only()
+            self._tasks += [
+                asyncio.create_task(self._work(urgent_only=True), name=f"mmprep-urgent-worker-{i}") for i in range(self.urgent_workers)
+            ]
         self._tasks.append(asyncio.create_task(self._resync(), name="mmprep-resync"))
 
     async def stop(self) -> None:
@@ -127,14 +146,16 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.queue.close()
+        if self.reconciler is not None:
+            await self.reconciler.close()
 
     def healthy(self) -> bool:
         return bool(self._tasks) and not any(t.done() for t in self._tasks)
 
-    async def _work(self) -> None:
+    async def _work(self, *, urgent_only: bool = False) -> None:
         assert self.reconciler is not None
         while True:
-            key = await self.queue.get()
+            key = await self.queue.get(urgent_only=urgent_only)
             self.metrics.queue_depth.set(len(self.queue))
             started = time.monotonic()
             try:
@@ -163,6 +184,7 @@ class Controller:
         if outcome.kind == "gone":
             self._resources.pop(key, None)
             self._specs.pop(key, None)
+            self._bodies.pop(key, None)
             self.backoff.reset(key)
             return
         if outcome.kind == "error":

@@ -8,7 +8,8 @@ loaders (KUBECONFIG or in-cluster), which also refresh expiring tokens.
 Conflicts: server-side apply surfaces a field owned by another manager as ``Conflict``; the
 reconciler then forces only objects its resource controls (see ``reconcile._apply``). Creating an
 object that exists returns the existing one; optimistic-concurrency patches (adding an owner to a
-shared probe Job) surface ``Conflict`` for the caller to retry.
+shared probe Job, a status written from the watch's copy of a resource) surface ``Conflict`` for
+the caller to retry.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from mmprep_operator import api
 
 FIELD_MANAGER: Final = "mmprep-operator"
 _TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
+#: Events whose count this client last set, remembered so a repeat is one PATCH.
+_EVENT_COUNTS_KEPT: Final = 4096
 
 # Kinds the operator writes -> (API prefix, plural).
 _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
@@ -73,7 +76,9 @@ class ForeignObject(ApiError):
 
 class KubeApi(Protocol):
     async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    async def replace_resource_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> str | None: ...
     async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]: ...
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
@@ -127,6 +132,7 @@ class RestKubeApi:
         self._base = base_url.rstrip("/")
         self._session = session
         self._auth = auth  # a kubernetes.client.Configuration: refreshes tokens on each call
+        self._event_counts: dict[tuple[str, str], int] = {}  # (namespace, name) -> count set last
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> RestKubeApi:
@@ -185,15 +191,26 @@ class RestKubeApi:
     async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", self._resource_path(namespace, name), missing_ok=True)
 
-    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        # JSON Patch "add" on /status replaces the whole status (a merge patch could not remove
-        # fields), and needs no resourceVersion: the status is ours alone.
-        await self._call(
+    async def replace_resource_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> str | None:
+        """Replace the whole status; return the resource's new resourceVersion.
+
+        JSON Patch "add" on /status replaces the whole status (a merge patch could not remove
+        fields). The status is ours alone, so no resourceVersion is needed; given one, the write
+        is conditional on it (``Conflict`` when the resource changed since that version).
+        """
+        patch: list[dict[str, Any]] = [{"op": "add", "path": "/status", "value": status}]
+        if resource_version is not None:
+            patch.insert(0, {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version})
+        result = await self._call(
             "PATCH",
             self._resource_path(namespace, name) + "/status",
-            body=[{"op": "add", "path": "/status", "value": status}],
+            body=patch,
             content_type="application/json-patch+json",
         )
+        version = ((result or {}).get("metadata") or {}).get("resourceVersion")
+        return str(version) if version else None
 
     # ------------------------------------------------------------------------------ children
 
@@ -249,19 +266,46 @@ class RestKubeApi:
         return list((result or {}).get("items") or ())
 
     async def post_event(self, event: Mapping[str, Any]) -> None:
+        """Create an Event; the same one again (same name) bumps its count.
+
+        A repeat of an Event this client wrote is one PATCH with the count it remembers; only an
+        Event it does not know (after a restart) costs a failed POST, a GET and the PATCH.
+        """
         meta = event["metadata"]
         path = collection_path("v1", "Event", meta["namespace"])
+        key = (meta["namespace"], meta["name"])
+        known = self._event_counts.get(key)
+        if known is not None and await self._bump_event(path, meta["name"], known + 1, event):
+            return
         try:
             await self._call("POST", path, body=event, content_type="application/json")
+            self._remember_event(key, int(event.get("count") or 1))
         except Conflict:
             # The same event again: bump its count instead of creating a duplicate.
             existing = await self._call("GET", f"{path}/{quote(meta['name'])}", missing_ok=True) or {}
-            await self._call(
-                "PATCH",
-                f"{path}/{quote(meta['name'])}",
-                body={"count": int(existing.get("count") or 1) + 1, "lastTimestamp": event.get("lastTimestamp")},
-                content_type="application/merge-patch+json",
-            )
+            await self._bump_event(path, meta["name"], int(existing.get("count") or 1) + 1, event)
+
+    async def _bump_event(self, path: str, name: str, count: int, event: Mapping[str, Any]) -> bool:
+        """Set an Event's count and last timestamp; False when it no longer exists (Events expire)."""
+        result = await self._call(
+            "PATCH",
+            f"{path}/{quote(name)}",
+            body={"count": count, "lastTimestamp": event.get("lastTimestamp")},
+            content_type="application/merge-patch+json",
+            missing_ok=True,
+        )
+        key = (event["metadata"]["namespace"], name)
+        if result is None:
+            self._event_counts.pop(key, None)
+            return False
+        self._remember_event(key, count)
+        return True
+
+    def _remember_event(self, key: tuple[str, str], count: int) -> None:
+        self._event_counts.pop(key, None)
+        self._event_counts[key] = count
+        while len(self._event_counts) > _EVENT_COUNTS_KEPT:
+            self._event_counts.pop(next(iter(self._event_counts)))
 
 
 def _error(status: int, text: str) -> ApiError:

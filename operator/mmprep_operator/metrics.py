@@ -29,9 +29,16 @@ class Metrics:
             ["condition", "status"], registry=self.registry,
         )
         self.probe_jobs = Counter("mmprep_operator_probe_jobs_created", "Probe Jobs created.", registry=self.registry)
+        self.reads = Counter(
+            "mmprep_operator_resource_reads",
+            "Reconcile passes by where they read their resource: the watch's copy, or the API (a GET).",
+            ["source"], registry=self.registry,
+        )
         self.queue_depth = Gauge("mmprep_operator_queue_depth", "Resources waiting for a reconcile.", registry=self.registry)
         for outcome in OUTCOMES:
             self.reconciles.labels(outcome)  # export zeros, so rates exist before the first event
+        for source in ("watch", "api"):
+            self.reads.labels(source)
         self._conditions: dict[tuple[str, str], dict[str, str]] = {}
         # Kept in step with _conditions: every reconcile records its resource, so recounting all
         # resources each time would cost O(resources) per reconcile.

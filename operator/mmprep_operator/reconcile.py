@@ -1,12 +1,20 @@
 """Reconcile one MultimodalPreprocessor: probe, decide, apply, report. Level-triggered.
 
-Each call re-reads the resource from the API, recomputes everything from (spec, nodes, probe,
-policy) through the pure modules, applies the children, and writes the status only when it
-differs, so a reconcile caused by its own status write ends there. When the decided pools change,
-the status is written before the children are applied (see ``report_first``). The state kept
-between calls is optimisation only: a cache of probe answers per (namespace, probe hash) (the
-answer is also in each resource's status and in the probe Job), and the pool grouping of the
-current nodes per placement, so resources that share a placement group the nodes once per change.
+Each call reads the resource, recomputes everything from (spec, nodes, probe, policy) through the
+pure modules, applies the children, and writes the status only when it differs, so a reconcile
+caused by its own status write ends there. When the decided pools change, the status is written
+before the children are applied (see ``report_first``). The state kept between calls is
+optimisation only: a cache of probe answers per (namespace, probe hash) (the answer is also in
+each resource's status and in the probe Job), the pool grouping of the current nodes per
+placement, so resources that share a placement group the nodes once per change, and the newest
+resourceVersion of each resource this reconciler read or wrote.
+
+Where the resource is read from: a pass that only writes status (a node change, a readiness
+change) starts from the watch's copy (``watched``) instead of a GET, when that copy is the newest
+version this reconciler knows of, and writes the status on the condition that the resource is
+still at that version. Anything more (applying children, pruning, probing through the API), a
+stale copy, or a status write that meets a newer version starts the pass over from a GET. So a
+stale copy never writes anything, and every apply is computed from a freshly read spec.
 
 Errors: a child the API server rejects (a bad volume in the spec, forbidden) becomes the
 ``ApplyFailed`` condition and an Event, and the caller backs off; anything else raises and the
@@ -15,6 +23,7 @@ caller backs off too (see ``controller``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
@@ -42,6 +51,19 @@ _PROBE_GRACE_SECONDS = 30.0
 _APPLY_ATTEMPTS = 3
 _PROBE_CACHE_SIZE = 1024
 _POOLING_MEMO_SIZE = 256
+
+
+class _Stale(Exception):
+    """This pass cannot go on from the watch's copy of the resource: read it from the API."""
+
+
+def _no_copy(namespace: str, name: str) -> Mapping[str, Any] | None:
+    return None
+
+
+def _version(body: Mapping[str, Any]) -> str | None:
+    version = (body.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +101,21 @@ class Reconciler:
     #: status then shows the new pools before anyone's children are applied. The operator sets
     #: it; off, one reconcile reports first and applies at once.
     report_first: bool = False
+    #: Post Events from one background task, in order, instead of within the reconcile (the
+    #: operator sets it): after a node change the status writes are what is waited for, and
+    #: Events are best effort. Off, a reconcile posts its Events before it returns.
+    events_in_background: bool = False
+    #: The watch's latest copy of a resource, when there is one (fed by the controller).
+    watched: Callable[[str, str], Mapping[str, Any] | None] = _no_copy
     #: Per resource, the Deployment names of its last successful prune.
     _desired: dict[tuple[str, str], frozenset[str]] = dataclasses.field(default_factory=dict)
     #: The nodes the memoized poolings were grouped from, and those poolings by placement key.
     _node_snapshot: list[NodeFacts] = dataclasses.field(default_factory=list)
     _poolings: dict[str, pools.Pooling] = dataclasses.field(default_factory=dict)
+    #: Per resource, the newest resourceVersion this reconciler read (a GET) or wrote (its status).
+    _versions: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    _event_backlog: asyncio.Queue[tuple[render.Owner, Mapping[str, Any], status.EventSpec]] | None = None
+    _event_poster: asyncio.Task[None] | None = None
 
     def _pooling(self, spec: api.MultimodalPreprocessorSpec) -> pools.Pooling:
         """``pools.group`` over the current nodes, memoized until any node fact changes.
@@ -121,21 +153,48 @@ class Reconciler:
             # Deleted while we worked on it, or its namespace is going away with everything in it:
             # nothing to report, and nowhere to report it.
             if gone or _namespace_terminating(e):
-                self.metrics.set_conditions((namespace, name), None)
+                self._forget((namespace, name))
                 return Outcome("gone")
             raise
 
     async def _reconcile(self, namespace: str, name: str) -> Outcome:
+        key = (namespace, name)
+        copy = self.watched(namespace, name)
+        version = _version(copy) if copy is not None else None
+        # The copy must be the newest version known here: one older than our own last status
+        # write would fold the status from an outdated previous one.
+        if copy is not None and version is not None and self._versions.get(key, version) == version:
+            try:
+                outcome = await self._pass(namespace, name, copy, fresh=False)
+            except _Stale:
+                pass  # read it from the API below
+            else:
+                self.metrics.reads.labels("watch").inc()
+                return outcome
         body = await self.api.get_resource(namespace, name)
+        self.metrics.reads.labels("api").inc()
         if body is None:
-            self.metrics.set_conditions((namespace, name), None)
-            self._desired.pop((namespace, name), None)
+            self._forget(key)
             return Outcome("gone")
+        if (version := _version(body)) is not None:
+            self._versions[key] = version
+        return await self._pass(namespace, name, body, fresh=True)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self.metrics.set_conditions(key, None)
+        self._desired.pop(key, None)
+        self._versions.pop(key, None)
+
+    async def _pass(self, namespace: str, name: str, body: Mapping[str, Any], *, fresh: bool) -> Outcome:
+        """One reconcile from ``body``: read from the API (``fresh``) or the watch's copy.
+
+        From the copy, whatever needs more than a conditional status write raises ``_Stale``.
+        """
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             # Being deleted (foreground cascading, or its namespace terminating): the garbage
             # collector is removing the children, and re-applying them would fight it.
-            self.metrics.set_conditions((namespace, name), None)
+            self._forget((namespace, name))
             return Outcome("gone")
         owner = render.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
         generation = meta.get("generation")
@@ -147,13 +206,13 @@ class Reconciler:
         except ValidationError as e:
             # Only reachable when the CRD in the cluster is older/laxer than this operator.
             obs = status.Observation(generation, selector, spec_error=describe_validation_error(e))
-            await self._report(owner, body, previous, obs)
+            await self._report(owner, body, previous, obs, fresh=fresh)
             return Outcome("invalid")
 
         reprobe = (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE)
-        probe_status = await self._probe(owner, spec, probe.probe_hash(spec, self.policy, reprobe), previous)
+        probe_status = await self._probe(owner, spec, probe.probe_hash(spec, self.policy, reprobe), previous, fresh=fresh)
         if probe_status.state != "Succeeded" or probe_status.result is None:
-            await self._report(owner, body, previous, status.Observation(generation, selector, probe=probe_status))
+            await self._report(owner, body, previous, status.Observation(generation, selector, probe=probe_status), fresh=fresh)
             if probe_status.state == "Failed":
                 return Outcome("waiting")
             deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
@@ -190,9 +249,14 @@ class Reconciler:
                 problem,
             )
             if _decided(status.fold(previous, early, self.clock()).pools) != _decided(previous.pools):
-                previous = await self._report(owner, body, previous, early)
+                previous = await self._report(owner, body, previous, early, fresh=fresh)
                 if self.report_first:
                     return Outcome("decided", requeue_after=0.0)
+        desired = frozenset(plan.deployment_names.values())
+        if not fresh and (
+            self._desired.get((namespace, name)) != desired or not all(self.children.unchanged_since_apply(obj) for obj in plan.objects)
+        ):
+            raise _Stale  # children to apply or prune: only from a freshly read spec
         deployments: dict[str, status.DeploymentState] = {}
         failed = False
         try:
@@ -207,7 +271,6 @@ class Reconciler:
                     state = children.deployment_state(applied) if obj["kind"] == "Deployment" else None
                 if obj["kind"] == "Deployment":
                     deployments[child] = state or status.DeploymentState()
-            desired = frozenset(plan.deployment_names.values())
             if self._desired.get((namespace, name)) != desired:
                 # Listing and pruning is needed only when the set of pools changed (or is unknown,
                 # after a restart): a pool's Deployment can only be left over then.
@@ -221,13 +284,19 @@ class Reconciler:
                 problem = status.Problem("NameConflict", e.message)
             else:
                 problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
-        await self._report(owner, body, previous, observed(deployments, problem))
+        await self._report(owner, body, previous, observed(deployments, problem), fresh=fresh)
         return Outcome("error" if failed else "done")
 
     # ---------------------------------------------------------------------------------- probe
 
     async def _probe(
-        self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str, previous: api.MultimodalPreprocessorStatus | None
+        self,
+        owner: render.Owner,
+        spec: api.MultimodalPreprocessorSpec,
+        hash_: str,
+        previous: api.MultimodalPreprocessorStatus | None,
+        *,
+        fresh: bool = True,
     ) -> api.ProbeStatus:
         job_name = probe.job_name(hash_)
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
@@ -241,6 +310,8 @@ class Reconciler:
         cached = self.probe_cache.get((owner.namespace, hash_))
         if cached is not None:
             return api.ProbeStatus(hash=hash_, job=job_name, state="Succeeded", result=cached)
+        if not fresh:
+            raise _Stale  # the Job is read (and maybe created) only for a freshly read spec
 
         job = await self.api.get_job(owner.namespace, job_name)
         created = False
@@ -329,16 +400,68 @@ class Reconciler:
         body: Mapping[str, Any],
         previous: api.MultimodalPreprocessorStatus | None,
         obs: status.Observation,
+        *,
+        fresh: bool = True,
     ) -> api.MultimodalPreprocessorStatus:
-        """Write the status folded from ``obs`` (when it changed) and its Events; return it."""
+        """Write the status folded from ``obs`` (when it changed) and its Events; return it.
+
+        From the watch's copy (not ``fresh``) the write is conditional on the copy's version.
+        """
         new = status.fold(previous, obs, self.clock())
         wire = new.wire()
         if previous is None or previous.wire() != wire:
-            await self.api.replace_resource_status(owner.namespace, owner.name, wire)
+            key = (owner.namespace, owner.name)
+            try:
+                version = await self.api.replace_resource_status(
+                    # The copy's version, or this pass's own write since (an early report).
+                    owner.namespace, owner.name, wire, resource_version=None if fresh else self._versions.get(key, _version(body))
+                )
+            except Conflict:
+                if fresh:
+                    raise
+                raise _Stale from None  # the resource changed since the copy
+            if version is not None:
+                self._versions[key] = version
         self.metrics.set_conditions((owner.namespace, owner.name), {c.type: c.status for c in new.conditions})
         for event in status.events(previous, new):
-            await self._post_event(owner, body, event)
+            if self.events_in_background:
+                self._post_later(owner, body, event)
+            else:
+                await self._post_event(owner, body, event)
         return new
+
+    def _post_later(self, owner: render.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
+        if self._event_backlog is None:
+            self._event_backlog = asyncio.Queue()
+        if self._event_poster is None or self._event_poster.done():
+            self._event_poster = asyncio.create_task(self._post_backlog(self._event_backlog), name="mmprep-events")
+        self._event_backlog.put_nowait((owner, body, event))
+
+    async def _post_backlog(self, backlog: asyncio.Queue[tuple[render.Owner, Mapping[str, Any], status.EventSpec]]) -> None:
+        while True:
+            owner, body, event = await backlog.get()
+            try:
+                await self._post_event(owner, body, event)
+            except Exception:  # noqa: BLE001 - one Event must not stop the others
+                log.exception("could not post event", extra={"reason": event.reason})
+            finally:
+                backlog.task_done()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Post the Events still waiting (for at most ``timeout`` seconds), then stop posting."""
+        if self._event_poster is None:
+            return
+        if self._event_backlog is not None:
+            try:
+                await asyncio.wait_for(self._event_backlog.join(), timeout)
+            except TimeoutError:
+                log.warning("events left unposted at shutdown", extra={"count": self._event_backlog.qsize()})
+        self._event_poster.cancel()
+        try:
+            await self._event_poster
+        except asyncio.CancelledError:
+            pass
+        self._event_poster = None
 
     async def _post_event(self, owner: render.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
         now = status.timestamp(self.clock())

@@ -30,7 +30,14 @@ class OperatorState:
         self.api = await RestKubeApi.connect(self.kubeconfig, self.context)
         self.controller.start(
             Reconciler(
-                api=self.api, policy=self.policy, nodes=nodes, metrics=self.metrics, children=self.controller.children, report_first=True
+                api=self.api,
+                policy=self.policy,
+                nodes=nodes,
+                metrics=self.metrics,
+                children=self.controller.children,
+                watched=self.controller.watched,
+                report_first=True,
+                events_in_background=True,
             )
         )
 

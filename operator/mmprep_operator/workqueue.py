@@ -26,6 +26,10 @@ class WorkQueue(Generic[K]):
     Priorities let a node change (the affected resources must react within seconds) overtake the
     reconciles that the previous change's own Deployment updates queued. Re-adding a pending key
     with a more urgent priority moves it forward; the entry it leaves behind is skipped when taken.
+
+    Takers may also ask for urgent keys only (``get(urgent_only=True)``, after
+    ``serve_urgent_only``): urgent entries are then also kept in a second queue, and whichever
+    taker comes first takes the key; the other skips its entry like any stale one.
     """
 
     def __init__(self) -> None:
@@ -35,6 +39,12 @@ class WorkQueue(Generic[K]):
         self._processing: set[K] = set()
         self._dirty: dict[K, int] = {}  # added while processed -> priority to re-add it with
         self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._urgent: asyncio.Queue[tuple[int, int, K]] | None = None  # urgent entries again
+
+    def serve_urgent_only(self) -> None:
+        """Keep urgent entries for ``get(urgent_only=True)`` too (only useful with such takers)."""
+        if self._urgent is None:
+            self._urgent = asyncio.Queue()
 
     def add(self, key: K, priority: int = NORMAL) -> None:
         if key in self._processing:
@@ -43,7 +53,10 @@ class WorkQueue(Generic[K]):
         queued = self._pending.get(key)
         if queued is None or priority < queued:
             self._pending[key] = priority
-            self._queue.put_nowait((priority, next(self._seq), key))
+            entry = (priority, next(self._seq), key)
+            self._queue.put_nowait(entry)
+            if priority == URGENT and self._urgent is not None:
+                self._urgent.put_nowait(entry)
 
     def add_after(self, key: K, delay: float) -> None:
         """Add later; an earlier pending timer for the key wins (the sooner look is what matters)."""
@@ -60,9 +73,12 @@ class WorkQueue(Generic[K]):
         self._timers.pop(key, None)
         self.add(key)
 
-    async def get(self) -> K:
+    async def get(self, *, urgent_only: bool = False) -> K:
+        if urgent_only and self._urgent is None:
+            raise RuntimeError("serve_urgent_only() first")
+        source = self._urgent if urgent_only and self._urgent is not None else self._queue
         while True:
-            priority, _, key = await self._queue.get()
+            priority, _, key = await source.get()
             if self._pending.get(key) == priority:
                 return self._take(key)
             # else a stale entry: the key moved forward, or was taken already

@@ -30,6 +30,8 @@ class FakeKubeApi:
         self.pods: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.status_writes = 0
+        self.stale_status_writes = 0  # conditional writes refused: the resource changed since
+        self.gets = 0
         self.applies: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.reject: dict[str, ApiError] = {}  # object name -> error on apply
@@ -46,17 +48,35 @@ class FakeKubeApi:
         self.resources[(namespace, name)] = {
             "apiVersion": "mmprep.dev/v1alpha1",
             "kind": "MultimodalPreprocessor",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "generation": 1},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "generation": 1, "resourceVersion": self._rv()},
             "spec": spec,
         }
 
+    def edit_spec(self, name: str, spec: dict[str, Any], namespace: str = "ns") -> None:
+        """A user's spec edit: a new generation and resourceVersion."""
+        body = self.resources[(namespace, name)]
+        body["spec"] = spec
+        body["metadata"]["generation"] += 1
+        body["metadata"]["resourceVersion"] = self._rv()
+
     async def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.gets += 1
         body = self.resources.get((namespace, name))
         return copy.deepcopy(body) if body is not None else None
 
-    async def replace_resource_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    async def replace_resource_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> str | None:
+        body = self.resources.get((namespace, name))
+        if body is None:
+            raise ApiError(404, "NotFound", f"{name} not found")
+        if resource_version is not None and resource_version != body["metadata"]["resourceVersion"]:
+            self.stale_status_writes += 1
+            raise Conflict(409, "Conflict", "the object has been modified")
         self.status_writes += 1
-        self.resources[(namespace, name)]["status"] = copy.deepcopy(dict(status))
+        body["status"] = copy.deepcopy(dict(status))
+        body["metadata"]["resourceVersion"] = self._rv()
+        return str(body["metadata"]["resourceVersion"])
 
     # children
     async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]:

@@ -48,6 +48,20 @@ async def test_resource_events_queue_on_generation_and_reprobe_not_on_status() -
     assert queued(c) == []
 
 
+async def test_every_resource_event_keeps_the_latest_copy_for_the_reconciler() -> None:
+    c = Controller(metrics=Metrics())
+    assert c.watched("ns", "m") is None
+    c.resource_event(None, resource())
+    first = c.watched("ns", "m")
+    assert first is not None and first["metadata"]["generation"] == 1
+    status_write = {**resource(), "status": {"observedGeneration": 1}}
+    c.resource_event("MODIFIED", status_write)  # queues nothing, but the copy is the newest
+    assert queued(c) == [("ns", "m")]  # only the first event's
+    assert c.watched("ns", "m") == status_write
+    c.resource_event("DELETED", status_write)
+    assert c.watched("ns", "m") is None
+
+
 async def test_node_heartbeats_are_ignored_label_and_capacity_changes_requeue_everything() -> None:
     c = Controller(metrics=Metrics())
     c.resource_event(None, resource("a"))
@@ -111,6 +125,55 @@ async def test_queue_takes_urgent_keys_first_and_holds_each_key_once() -> None:
         q.get_nowait()
 
 
+async def test_urgent_only_takers_take_urgent_keys_and_no_key_is_taken_twice() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.serve_urgent_only()
+    q.add("n")
+    q.add("u", URGENT)
+    q.add("v", URGENT)
+    assert await q.get(urgent_only=True) == "u"
+    assert q.get_nowait() == "v"  # the other takers see urgent keys first too
+    q.add("w", URGENT)
+    assert await asyncio.wait_for(q.get(urgent_only=True), 5) == "w"  # v's entry was skipped
+    assert q.get_nowait() == "n"  # u, v and w were taken: their entries here are skipped
+    with pytest.raises(asyncio.QueueEmpty):
+        q.get_nowait()
+    for key in "uvwn":
+        q.done(key)
+    q.add("m")  # normal: never for an urgent-only taker
+    q.add("m", URGENT)  # ... until it becomes urgent
+    assert await asyncio.wait_for(q.get(urgent_only=True), 5) == "m"
+    assert len(q) == 0
+
+
+async def test_urgent_workers_react_while_the_others_are_busy() -> None:
+    release = asyncio.Event()
+    started: dict[str, asyncio.Event] = {"slow": asyncio.Event(), "fast": asyncio.Event()}
+
+    class Blocking:
+        async def reconcile(self, namespace: str, name: str) -> Outcome:
+            started[name].set()
+            if name == "slow":
+                await release.wait()
+            return Outcome("done")
+
+        async def close(self) -> None:
+            pass
+
+    c = Controller(metrics=Metrics(), workers=1, urgent_workers=1)
+    c.start(Blocking())  # type: ignore[arg-type]
+    try:
+        c.resource_event(None, resource("slow"))
+        await asyncio.wait_for(started["slow"].wait(), 5)  # the one normal worker is busy now
+        c.resource_event(None, resource("fast"))
+        c.node_event(None, node({"nvidia.com/gpu.product": "NVIDIA-H200"}))  # urgent for both
+        await asyncio.wait_for(started["fast"].wait(), 5)  # taken by the urgent worker
+        assert not release.is_set()
+    finally:
+        release.set()
+        await c.stop()
+
+
 async def test_a_key_added_urgently_while_processed_comes_back_urgent() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add("k")
@@ -143,6 +206,7 @@ class ScriptedReconciler:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.done = asyncio.Event()
+        self.closed = False
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         self.calls.append((namespace, name))
@@ -150,6 +214,9 @@ class ScriptedReconciler:
             raise RuntimeError("boom")
         self.done.set()
         return Outcome("done")
+
+    async def close(self) -> None:
+        self.closed = True
 
 
 async def test_a_failing_reconcile_is_retried_with_backoff_and_counted() -> None:
@@ -166,7 +233,7 @@ async def test_a_failing_reconcile_is_retried_with_backoff_and_counted() -> None
         assert metrics.reconciles.labels("done")._value.get() == 1
     finally:
         await c.stop()
-    assert not c.healthy()
+    assert not c.healthy() and scripted.closed
 
 
 async def test_service_changes_by_anyone_wake_the_owner_once() -> None:

@@ -71,9 +71,18 @@ class FakeServer:
                 self.events[event["metadata"]["name"]] = event
                 return web.json_response(event, status=201)
             name = path.rsplit("/", 1)[-1]
+            if name not in self.events:
+                return status(404, "NotFound", "expired")
             if method == "GET":
                 return web.json_response(self.events[name])
-            return web.json_response({})
+            self.events[name].update(json.loads(body))  # a merge patch of top-level fields
+            return web.json_response(self.events[name])
+        if method == "PATCH" and path.endswith("/status"):
+            ops = json.loads(body)
+            version = next((op["value"] for op in ops if op["path"] == "/metadata/resourceVersion"), None)
+            if version not in (None, "7"):
+                return status(409, "Conflict", "the object has been modified")
+            return web.json_response({"metadata": {"name": "m", "resourceVersion": "8"}, "status": ops[-1]["value"]})
         if method == "GET" and path.endswith("/pods"):
             return web.json_response({"items": [{"metadata": {"name": "p"}}]})
         if method == "PATCH" and request.query.get("fieldManager"):
@@ -107,6 +116,17 @@ async def test_resource_reads_and_status_replacement(seam) -> None:
     assert req["content_type"] == "application/json-patch+json"
     assert req["body"] == [{"op": "add", "path": "/status", "value": {"observedGeneration": 2}}]
     assert req["auth"] == "Bearer t0ken"
+
+
+async def test_a_status_write_can_be_conditional_on_a_version(seam) -> None:
+    api, fake = seam
+    assert await api.replace_resource_status("ns", "m", {"observedGeneration": 2}, resource_version="7") == "8"
+    assert fake.requests[-1]["body"] == [
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "add", "path": "/status", "value": {"observedGeneration": 2}},
+    ]
+    with pytest.raises(Conflict):
+        await api.replace_resource_status("ns", "m", {"observedGeneration": 2}, resource_version="6")
 
 
 async def test_apply_is_forced_server_side_apply_with_our_field_manager(seam) -> None:
@@ -157,6 +177,28 @@ async def test_a_repeated_event_bumps_the_count(seam) -> None:
     patch = fake.requests[-1]
     assert (patch["method"], patch["path"]) == ("PATCH", "/api/v1/namespaces/ns/events/m.abc")
     assert patch["body"] == {"count": 2, "lastTimestamp": "t2"}
+    assert [r["method"] for r in fake.requests] == ["POST", "PATCH"]  # the count was remembered
+
+
+async def test_an_event_this_client_does_not_know_is_read_before_its_count_is_bumped(seam) -> None:
+    api, fake = seam
+    fake.events["m.abc"] = {"metadata": {"name": "m.abc", "namespace": "ns"}, "count": 4}  # from before a restart
+    event = {"metadata": {"name": "m.abc", "namespace": "ns"}, "count": 1, "lastTimestamp": "t1"}
+    await api.post_event(event)
+    assert [r["method"] for r in fake.requests] == ["POST", "GET", "PATCH"]
+    assert fake.events["m.abc"]["count"] == 5
+    await api.post_event(event)
+    assert [r["method"] for r in fake.requests[3:]] == ["PATCH"] and fake.events["m.abc"]["count"] == 6
+
+
+async def test_an_expired_event_is_created_again(seam) -> None:
+    api, fake = seam
+    event = {"metadata": {"name": "m.abc", "namespace": "ns"}, "count": 1, "lastTimestamp": "t1"}
+    await api.post_event(event)
+    del fake.events["m.abc"]  # the API server's event TTL
+    await api.post_event(event)
+    assert [r["method"] for r in fake.requests] == ["POST", "PATCH", "POST"]
+    assert fake.events["m.abc"]["count"] == 1
 
 
 async def test_lists_use_label_selectors(seam) -> None:
