@@ -8,7 +8,8 @@ What it measures (Qwen2-VL processor built with ``make-model``, one 1280x960 JPE
    ``usable CPUs / that cost``: no server can do better on this machine.
 2. In process, images already decoded (``mmprep-runtime bench``): the processor called directly in
    one thread vs the pool at 1 and 2 workers, one torch thread each. Targets: 2 workers >= 1.7x
-   1 worker; the pool's per-request overhead vs the direct call < 5%.
+   1 worker; the pool's per-request overhead vs the direct call < 5%. Then the pool again with
+   ``fast_paths=False`` (transformers' own token steps), to show what the stand-ins change.
 3. Through HTTP: ``mmprep-runtime serve`` at 1, 2 and 4 workers, both backends, loaded by ``wrk``
    (C, low overhead: a Python client would eat the cores it measures). Server CPU and RSS come from
    the server process. Target: the best worker count reaches >= 90% of the bound.
@@ -330,6 +331,19 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"2 workers / 1 worker: **{report['targets']['pool_2_vs_1']:.2f}x** (target >= 1.7); "
         f"pool overhead vs direct: **{report['targets']['pool_overhead'] * 100:.1f}%** (target < 5%).",
+    ]
+    library = report.get("in_process_library_steps")
+    if library:
+        by_workers = {row["workers"]: row for row in library["results"]}
+        lines += [
+            "",
+            "The same without the fast paths (`--no-fast-paths`: transformers' own placeholder check and "
+            "token-type ids, GIL-held): "
+            + ", ".join(f"{w} worker(s) {row['req_per_s']:.1f} req/s at {row['cpu_ms_per_request']:.1f} CPU ms/req"
+                        for w, row in sorted(by_workers.items()))
+            + f"; 2 workers / 1 worker: {by_workers[2]['req_per_s'] / by_workers[1]['req_per_s']:.2f}x.",
+        ]
+    lines += [
         "",
         f"Through HTTP (`wrk`, server CPU and RSS from the server process; IO workers: "
         f"{report['io_workers'] or 'the decision (4)'}):",
@@ -409,6 +423,15 @@ def main() -> int:
             / (time.perf_counter() - wall_before), 3)
         rows = {row["workers"]: row for row in report["in_process"]["results"]}
         direct = report["in_process"]["direct"]
+
+        # The same pool with transformers' own placeholder check and token-type ids, for the
+        # difference the GIL-light stand-ins make (mmprep_runtime.fast_paths).
+        print("in process, without the fast paths ...", file=sys.stderr)
+        report["in_process_library_steps"] = bench.run(
+            loading.ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False), [1, 2],
+            duration=args.duration, size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1, rounds=args.rounds,
+        )
+        report["in_process_library_steps"]["model"] = report["in_process"]["model"]
 
         report["io_workers"] = args.io_workers
         report["http"] = http_sweep(model, backends, workers, body_file, lua, args.duration, args.warmup,
