@@ -4,8 +4,9 @@
 What it measures (Qwen2-VL processor built with ``make-model``, one 1280x960 JPEG per request):
 
 1. Serial cost: CPU seconds per request spent on parsing, decoding and processing (and encoding
-   the answer), in one thread with one torch thread. The machine's bound is
-   ``usable CPUs / that cost``: no server can do better on this machine.
+   the answer), in one thread with one torch thread, measured in slices between the HTTP rounds
+   (below). The machine's bound is ``usable CPUs / that cost``: no server can do better on this
+   machine.
 2. In process, images already decoded (``mmprep-runtime bench``): the processor called directly in
    one thread vs the pool at 1 and 2 workers, one torch thread each. Targets: 2 workers >= 1.7x
    1 worker; the pool's per-request overhead vs the direct call < 5%. Then the pool again with
@@ -75,34 +76,51 @@ def request_body() -> bytes:
     return json.dumps(payload).encode()
 
 
-def serial_cost(model: pathlib.Path, backend: Backend, body: bytes, seconds: float) -> dict[str, float]:
-    """CPU seconds per request of each stage, one thread, one torch thread."""
-    import torch
+class SerialCost:
+    """CPU seconds per request of each stage, in one thread with one torch thread.
 
-    torch.set_num_threads(1)
-    processor, facts = loading.load_processor(loading.ModelSettings(str(model), backend=backend))
-    limits = Limits()
-    for _ in range(3):  # warm caches and lazy imports
-        pipeline.encode_json(pipeline.process(processor, pipeline.decode_request(body, facts, limits), facts), "m")
-    totals = {"decode": 0.0, "process": 0.0, "encode": 0.0}
-    count = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds or count < 10:
+    Measured in slices, one before each HTTP round, and summed: the bound is the denominator of
+    every efficiency figure, and this VM's speed drifts by 10% over minutes (other tenants), so
+    the bound must be measured over the same minutes as the servers it is compared with.
+    """
+
+    STAGES = ("decode", "process", "encode")
+
+    def __init__(self, model: pathlib.Path, backend: Backend, body: bytes) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self.processor, self.facts = loading.load_processor(loading.ModelSettings(str(model), backend=backend))
+        self.body, self.limits = body, Limits()
+        self.totals = dict.fromkeys(self.STAGES, 0.0)
+        self.count = self.slices = 0
+        for _ in range(3):  # warm caches and lazy imports
+            self._one()
+
+    def _one(self) -> tuple[float, float, float]:
         t0 = time.thread_time()
-        request = pipeline.decode_request(body, facts, limits)
+        request = pipeline.decode_request(self.body, self.facts, self.limits)
         t1 = time.thread_time()
-        outputs = pipeline.process(processor, request, facts)
+        outputs = pipeline.process(self.processor, request, self.facts)
         t2 = time.thread_time()
         pipeline.encode_json(outputs, "m")
-        t3 = time.thread_time()
-        totals["decode"] += t1 - t0
-        totals["process"] += t2 - t1
-        totals["encode"] += t3 - t2
-        count += 1
-    per_request = {stage: total / count for stage, total in totals.items()}
-    per_request["total"] = sum(per_request.values())
-    per_request["requests"] = count
-    return per_request
+        return t1 - t0, t2 - t1, time.thread_time() - t2
+
+    def measure(self, seconds: float) -> None:
+        started, count = time.perf_counter(), 0
+        while time.perf_counter() - started < seconds or count < 10:
+            for stage, spent in zip(self.STAGES, self._one()):
+                self.totals[stage] += spent
+            count += 1
+        self.count += count
+        self.slices += 1
+
+    def summary(self) -> dict[str, float]:
+        per_request: dict[str, float] = {stage: total / self.count for stage, total in self.totals.items()}
+        per_request["total"] = sum(per_request.values())
+        per_request["requests"] = self.count
+        per_request["slices"] = self.slices
+        return per_request
 
 
 def machine_busy_seconds() -> float:
@@ -282,8 +300,9 @@ class Server:
 
 def http_sweep(model: pathlib.Path, backends: list[Backend], workers: list[int], body_file: pathlib.Path,
                lua: pathlib.Path, duration: float, warmup: float, rounds: int,
-               io_workers: int | None = None) -> list[dict[str, Any]]:
-    """All servers up at once (idle ones cost no CPU), measured in interleaved rounds."""
+               serial: dict[str, SerialCost], io_workers: int | None = None) -> list[dict[str, Any]]:
+    """All servers up at once (idle ones cost no CPU), measured in interleaved rounds, each round
+    after a slice of the serial cost."""
     servers = [Server(model, backend, count, body_file, lua, io_workers) for backend in backends for count in workers]
     try:
         for server in servers:
@@ -291,6 +310,11 @@ def http_sweep(model: pathlib.Path, backends: list[Backend], workers: list[int],
         for server in servers:
             server.load(warmup, measure=False)
         for round_index in range(rounds):
+            for server in servers:  # requests wrk left behind would share the CPU with the slice
+                wait_idle(server.base)
+            for backend, meter in serial.items():
+                print(f"serial cost {round_index + 1}/{rounds}: {backend}", file=sys.stderr)
+                meter.measure(max(2.5, duration / rounds / 2))
             for server in servers:
                 print(f"http round {round_index + 1}/{rounds}: {server.backend.value}, {server.workers} worker(s)",
                       file=sys.stderr)
@@ -307,7 +331,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"load average before the run {report['load_before']}; image {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} JPEG; "
         f"{report['duration_s']:g} s per measurement.",
         "",
-        "Serial CPU cost per request (one thread): "
+        "Serial CPU cost per request (one thread; in slices between the HTTP rounds): "
         + "; ".join(
             f"{b}: {c['total'] * 1000:.1f} ms (decode {c['decode'] * 1000:.1f}, process {c['process'] * 1000:.1f}, "
             f"encode {c['encode'] * 1000:.1f}) -> bound {report['bound'][b]:.1f} req/s"
@@ -407,10 +431,6 @@ def main() -> int:
         lua = scratch_path / "post.lua"
         lua.write_text(WRK_SCRIPT)
 
-        print("serial cost ...", file=sys.stderr)
-        report["serial"] = {b.value: serial_cost(model, b, body, max(5.0, args.duration / 2)) for b in backends}
-        report["bound"] = {b: report["usable_cpus"] / c["total"] for b, c in report["serial"].items()}
-
         print("in process ...", file=sys.stderr)
         machine_before, own_before, wall_before = machine_busy_seconds(), own_cpu_seconds(), time.perf_counter()
         report["in_process"] = bench.run(
@@ -434,8 +454,11 @@ def main() -> int:
         report["in_process_library_steps"]["model"] = report["in_process"]["model"]
 
         report["io_workers"] = args.io_workers
+        serial = {b.value: SerialCost(model, b, body) for b in backends}
         report["http"] = http_sweep(model, backends, workers, body_file, lua, args.duration, args.warmup,
-                                    args.rounds, args.io_workers)
+                                    args.rounds, serial, args.io_workers)
+        report["serial"] = {b: meter.summary() for b, meter in serial.items()}
+        report["bound"] = {b: report["usable_cpus"] / c["total"] for b, c in report["serial"].items()}
         for row in report["http"]:
             row["efficiency"] = round(row["req_per_s"] / report["bound"][row["backend"]], 3)
             # The same bound with only the CPU that other processes left free during the run.
