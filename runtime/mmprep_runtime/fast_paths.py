@@ -23,6 +23,7 @@ step keeps its own.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ CREATE_MM_TOKEN_TYPE_IDS: Final = "create_mm_token_type_ids"
 _MODALITY_TYPES: Final = (("image", 1), ("video", 2), ("audio", 3))
 
 
+@functools.cache
 def _base() -> tuple[type, str] | None:
     """transformers' ProcessorMixin and its control-token marker, or None if they moved."""
     try:
@@ -52,7 +54,7 @@ def _integer_id_matrix(value: Any) -> bool:
 
 
 def _check_special_mm_tokens(self: Any, text: Any, text_inputs: Any, modalities: list[str]) -> None:
-    mixin, marker = self._mmprep_fast_path_base
+    mixin, marker = _base()  # type: ignore[misc]  # not None: apply() bound this stand-in
     library = getattr(mixin, CHECK_SPECIAL_MM_TOKENS)
     input_ids = text_inputs["input_ids"]
     plain = isinstance(text, list) and all(isinstance(sample, str) and marker not in sample for sample in text)
@@ -75,7 +77,7 @@ def _check_special_mm_tokens(self: Any, text: Any, text_inputs: Any, modalities:
 def _create_mm_token_type_ids(self: Any, input_ids: Any) -> Any:
     import torch
 
-    mixin, _ = self._mmprep_fast_path_base
+    mixin, _ = _base()  # type: ignore[misc]  # not None: apply() bound this stand-in
     library = getattr(mixin, CREATE_MM_TOKEN_TYPE_IDS)
     if not _integer_id_matrix(input_ids):
         return library(self, input_ids)
@@ -108,8 +110,6 @@ def apply(processor: Any) -> tuple[str, ...]:
         if library is not None and getattr(type(processor), name, None) is library:
             setattr(processor, name, types.MethodType(stand_in, processor))
             applied.append(name)
-    if applied:
-        processor._mmprep_fast_path_base = base
     return tuple(applied)
 
 

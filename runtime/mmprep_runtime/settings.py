@@ -112,17 +112,14 @@ def _env_switch(environ: Mapping[str, str], name: str) -> bool | None:
 
 def model_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelSettings:
     device = policy.Device(args.device) if args.device else (_env_device(environ) or policy.Device.AUTO)
+    fast_paths = args.fast_paths if args.fast_paths is not None else _env_switch(environ, ENV_FAST_PATHS)
     return ModelSettings(
         model=args.model,
         revision=args.revision,
         trust_remote_code=bool(args.trust_remote_code),
         backend=policy.Backend(args.backend) if args.backend else policy.Backend.AUTO,
         device=device,
-        fast_paths=next(
-            (value for value in (getattr(args, "fast_paths", None), _env_switch(environ, ENV_FAST_PATHS))
-             if value is not None),
-            True,
-        ),
+        fast_paths=True if fast_paths is None else fast_paths,
     )
 
 
