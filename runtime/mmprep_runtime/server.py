@@ -73,6 +73,37 @@ def _wants_safetensors(request: web.Request) -> bool:
     return False
 
 
+async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
+    """The whole body, copied once on the event loop.
+
+    ``request.read()`` copies a body three times more (joining the buffered chunks, growing a
+    bytearray, then a bytes of it): for a 570 KB body that was a tenth of the loop thread's time
+    per request. With a Content-Length (checked against the limit before this), each chunk is
+    copied straight into a buffer of that size; the parser hands over no more than that length.
+    """
+    length = request.content_length
+    if length is None:  # chunked: aiohttp's reader enforces the limit as it reads
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise errors.BodyTooLarge(f"body is over the limit of {limit} bytes") from None
+    body = bytearray(length)
+    view = memoryview(body)
+    filled = 0
+    while True:
+        chunk, _ = await request.content.readchunk()
+        if not chunk:
+            break
+        if filled + len(chunk) > length:  # aiohttp's parser stops at the length; never trust it blindly
+            raise errors.BadRequest(f"body is longer than the {length} bytes its Content-Length announced")
+        view[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    view.release()
+    if filled != length:
+        raise errors.BadRequest(f"body ended after {filled} of the {length} bytes its Content-Length announced")
+    return body
+
+
 async def _preprocess(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
     limits = state.settings.limits
     content_type = request.content_type
@@ -83,10 +114,7 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
         raise errors.BodyTooLarge(
             f"body of {request.content_length} bytes is over the limit of {limits.max_body_bytes}"
         )
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise errors.BodyTooLarge(f"body is over the limit of {limits.max_body_bytes} bytes") from None
+    body = await _read_body(request, limits.max_body_bytes)
     loop = asyncio.get_running_loop()
     if engine.decode_on_worker:
         # One job per request: no hop through the IO pool and back through the loop (see Engine).

@@ -183,6 +183,7 @@ def _medium_png() -> bytes:
 
 BAD_INPUTS = [
     ("invalid JSON", {"data": b'{"text": "x",'}, 400, "not valid JSON"),
+    ("JSON that is not UTF-8", {"data": b'{"text": "\xff"}'}, 400, "not valid JSON"),
     ("not an object", {"payload": ["text"]}, 400, "must be a JSON object"),
     ("missing text", {"payload": {"images": []}}, 400, "missing 'text'"),
     ("text of the wrong type", {"payload": {"text": 5}}, 400, "'text' must be a string"),
@@ -253,6 +254,26 @@ async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start
         assert good_status == 200, (f"after {case}", good_body)
     status, _ = await running.json("/readyz")
     assert status == 200
+
+
+async def test_a_chunked_body_is_read_whole_and_held_to_the_size_limit(start_server, qwen_dir):
+    """Without a Content-Length the body is read by aiohttp's own reader, which enforces the limit."""
+    running = await start_server(qwen_dir, limits=Limits(max_body_bytes=200_000))
+    good = __import__("json").dumps({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}).encode()
+
+    def chunked(data: bytes):
+        async def pieces():
+            for start in range(0, len(data), 1000):
+                yield data[start:start + 1000]
+        return pieces()
+
+    sized = await running.post(data=good)
+    status, headers, body = await running.post(data=chunked(good))
+    assert status == 200, body
+    assert body == sized[2]
+    status, _, body = await running.post(data=chunked(b'{"text": "' + b"x" * 300_000 + b'"}'))
+    assert status == 413 and b"body is over the limit of 200000 bytes" in body, body  # the chunked branch
+    assert (await running.post(data=good))[0] == 200
 
 
 async def test_a_full_queue_answers_429_with_retry_after(start_server, qwen_dir):
