@@ -1,24 +1,31 @@
-"""Exact, cheaper stand-ins for two steps of transformers' ``ProcessorMixin.__call__``.
+"""Exact, cheaper stand-ins for steps of transformers' processor and tokenizer calls.
 
-After tokenizing, every multimodal processor call runs two steps over the whole token sequence
-(about 1600 tokens for one 1280x960 image with Qwen2-VL) in pure Python, holding the GIL:
+Every multimodal processor call spends a few hundred microseconds per request in pure Python
+over the whole token sequence (about 1600 tokens for one 1280x960 image with Qwen2-VL), holding
+the GIL:
 
-- ``_check_special_mm_tokens``: turns ``input_ids`` into Python lists to count each placeholder
-  id, and runs a regular expression over the text to count the placeholders there;
-- ``create_mm_token_type_ids``: turns ``input_ids`` into lists, then NumPy arrays, then lists
-  again, to mark which tokens belong to which modality.
+- ``_check_special_mm_tokens`` (``ProcessorMixin``): turns ``input_ids`` into Python lists to
+  count each placeholder id, and runs a regular expression over the text to count the
+  placeholders there;
+- ``create_mm_token_type_ids`` (``ProcessorMixin``): turns ``input_ids`` into lists, then NumPy
+  arrays, then lists again, to mark which tokens belong to which modality; ``BatchFeature`` then
+  turns those lists into a tensor with ``torch.tensor`` (0.14 ms for 1600 ids);
+- ``_encode_plus`` (the tokenizer, ``TokenizersBackend``): the Rust tokenizer releases the GIL,
+  but its ids and attention mask come back as Python lists that ``torch.tensor`` converts one
+  element at a time (0.14 ms each; through NumPy 0.02 ms).
 
-Together about 0.6 ms per request, nearly all of it GIL-held. That is little for one thread but
-a lot for the pool: while one worker holds the GIL the other waits, and on 2 cores two workers
-gave 1.64x one worker; with these stand-ins the pool's cores stay busier (measured in
-``benchmarks/runtime``). The stand-ins count and mark with tensor operations, which release the GIL.
+Little for one thread, a lot for the pool: while one worker holds the GIL the other waits. On 2
+cores two workers gave 1.64x one worker before the first two stand-ins; measured in
+``benchmarks/runtime``. The stand-ins count, mark and convert with tensor and array operations.
 
 They only ever *agree* faster. Each handles the common case (a 2-D integer tensor of ids, plain
-strings without the chat template's control marker) and hands every other case, and every
-mismatch, to transformers' own method, so the answers and the error messages are the library's.
-Each is bound to the instance with ``types.MethodType`` (a deep copy rebinds it to the copy) and
-only where the class uses ``ProcessorMixin``'s implementation: a processor that overrides either
-step keeps its own.
+strings without the chat template's control marker, ``return_tensors="pt"``) and hands every
+other case, and every mismatch, to transformers' own method, so the answers and the error
+messages are the library's. The one visible difference: given a tensor of ids,
+``create_mm_token_type_ids`` answers the int64 tensor that ``BatchFeature`` would have made of the
+library's lists. Each is bound to its instance with ``types.MethodType`` (a deep copy rebinds it to
+the copy) and only where the class uses the library's implementation: a processor or tokenizer
+that overrides a step keeps its own.
 """
 
 from __future__ import annotations
@@ -27,8 +34,11 @@ import functools
 import types
 from typing import Any, Final
 
+from mmprep_runtime import patches
+
 CHECK_SPECIAL_MM_TOKENS: Final = "_check_special_mm_tokens"
 CREATE_MM_TOKEN_TYPE_IDS: Final = "create_mm_token_type_ids"
+ENCODE_PLUS: Final = "_encode_plus"
 _MODALITY_TYPES: Final = (("image", 1), ("video", 2), ("audio", 3))
 
 
@@ -44,6 +54,16 @@ def _base() -> tuple[type, str] | None:
     if not isinstance(marker, str) or not marker or mixin is None:
         return None
     return mixin, marker
+
+
+@functools.cache
+def _tokenizers_backend() -> type | None:
+    """transformers' tokenizer class over the Rust ``tokenizers``, or None if it moved."""
+    try:
+        from transformers import tokenization_utils_tokenizers
+    except ImportError:  # pragma: no cover - the runtime extra is missing
+        return None
+    return getattr(tokenization_utils_tokenizers, "TokenizersBackend", None)
 
 
 def _integer_id_matrix(value: Any) -> bool:
@@ -81,7 +101,9 @@ def _create_mm_token_type_ids(self: Any, input_ids: Any) -> Any:
     library = getattr(mixin, CREATE_MM_TOKEN_TYPE_IDS)
     if not _integer_id_matrix(input_ids):
         return library(self, input_ids)
-    marked = torch.zeros_like(input_ids)
+    # int64, as ``torch.tensor`` makes of the library's lists: ids that came as a tensor were
+    # asked for as tensors, and the BatchFeature around them converts the lists anyway.
+    marked = torch.zeros(input_ids.shape, dtype=torch.int64)
     for modality, value in _MODALITY_TYPES:
         # The library matches with np.isin, where a None id matches nothing.
         wanted = [token_id for token_id in getattr(self, f"{modality}_token_ids") if token_id is not None]
@@ -89,30 +111,72 @@ def _create_mm_token_type_ids(self: Any, input_ids: Any) -> Any:
             return library(self, input_ids)
         if wanted:
             marked[torch.isin(input_ids, torch.tensor(wanted, dtype=input_ids.dtype))] = value
-    return marked.tolist()
+    return marked
 
 
+def _encode_plus(self: Any, *args: Any, **kwargs: Any) -> Any:
+    import numpy as np
+    import torch
+
+    library = getattr(_tokenizers_backend(), ENCODE_PLUS)
+    text = kwargs.get("text")
+    wants_torch = isinstance(kwargs.get("return_tensors"), str) and kwargs["return_tensors"] == "pt"
+    if args or not wants_torch or kwargs.get("text_pair") is not None or kwargs.get("is_split_into_words") \
+            or kwargs.get("return_overflowing_tokens"):
+        return library(self, *args, **kwargs)
+    if isinstance(text, str):
+        # A batch of one: with tensors the library keeps the batch axis for a single text too.
+        text = [text]
+    elif not isinstance(text, (list, tuple)) or not all(isinstance(sample, str) for sample in text):
+        return library(self, *args, **kwargs)
+    encoded = library(self, **{**kwargs, "text": text, "return_tensors": None})
+    for key, value in list(encoded.items()):
+        if not isinstance(value, list):
+            continue
+        try:
+            matrix = np.array(value)
+        except ValueError:  # ragged: the library's conversion below raises its own error
+            continue
+        # Only what torch.tensor would make int64 too: Python ints within int64, rows of one length.
+        if matrix.dtype == np.int64 and matrix.ndim == 2:
+            encoded[key] = torch.from_numpy(matrix)
+    return encoded.convert_to_tensors(tensor_type="pt")
+
+
+#: Stand-ins bound on the processor (``ProcessorMixin``'s steps).
 _STAND_INS: Final = {
     CHECK_SPECIAL_MM_TOKENS: _check_special_mm_tokens,
     CREATE_MM_TOKEN_TYPE_IDS: _create_mm_token_type_ids,
 }
+#: Stand-ins bound on the processor's tokenizer (``TokenizersBackend``'s steps).
+_TOKENIZER_STAND_INS: Final = {ENCODE_PLUS: _encode_plus}
+
+
+def _bind(target: Any, base: type | None, stand_ins: dict[str, Any]) -> list[str]:
+    if base is None or not isinstance(target, base):
+        return []
+    applied = []
+    for name, stand_in in stand_ins.items():
+        library = getattr(base, name, None)
+        if library is not None and getattr(type(target), name, None) is library:
+            setattr(target, name, types.MethodType(stand_in, target))
+            applied.append(name)
+    return applied
 
 
 def apply(processor: Any) -> tuple[str, ...]:
-    """Bind the stand-ins on ``processor`` where its class uses the library's steps; their names."""
-    base = _base()
-    if base is None or not isinstance(processor, base[0]):
-        return ()
-    mixin, _ = base
-    applied = []
-    for name, stand_in in _STAND_INS.items():
-        library = getattr(mixin, name, None)
-        if library is not None and getattr(type(processor), name, None) is library:
-            setattr(processor, name, types.MethodType(stand_in, processor))
-            applied.append(name)
+    """Bind the stand-ins where the processor's (and its tokenizer's) class uses the library's
+    steps; their names. A bare tokenizer is its own tokenizer (``patches.tokenizer_of``)."""
+    mixin = _base()
+    applied = _bind(processor, mixin[0] if mixin else None, _STAND_INS)
+    applied += _bind(patches.tokenizer_of(processor), _tokenizers_backend(), _TOKENIZER_STAND_INS)
     return tuple(applied)
 
 
 def applied(processor: Any) -> tuple[str, ...]:
-    """The stand-ins bound on ``processor`` (on a clone too: deep copies keep them)."""
-    return tuple(name for name in _STAND_INS if isinstance(vars(processor).get(name), types.MethodType))
+    """The stand-ins bound on ``processor`` and its tokenizer (on a clone too: deep copies keep them)."""
+    tokenizer = patches.tokenizer_of(processor)
+    return tuple(
+        [name for name in _STAND_INS if isinstance(vars(processor).get(name), types.MethodType)]
+        + [name for name in _TOKENIZER_STAND_INS if isinstance(getattr(tokenizer, "__dict__", {}).get(name), types.MethodType)]
+    )

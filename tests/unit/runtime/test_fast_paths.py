@@ -17,6 +17,7 @@ from mmprep_runtime.policy import Backend
 MARKER = processing_utils._CONTROL_TOKEN_START
 QWEN = testing_models.QWEN_IMAGE_PLACEHOLDER
 LLAVA = testing_models.LLAVA_IMAGE_TOKEN
+ALL_STAND_INS = {fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS, fast_paths.ENCODE_PLUS}
 
 
 def _serve_args(*extra: str):
@@ -71,12 +72,15 @@ def test_outputs_are_identical_with_and_without_the_stand_ins(model_factory, kin
 
 def test_a_deep_copy_carries_stand_ins_bound_to_the_copy(qwen_dir):
     processor, facts = _load(qwen_dir, fast=True)
-    assert set(facts.fast_paths) == {fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS}
+    assert set(facts.fast_paths) == ALL_STAND_INS
     clone = copy.deepcopy(processor)
     assert fast_paths.applied(clone) == facts.fast_paths
-    for name in facts.fast_paths:
+    for name in (fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS):
         assert getattr(clone, name).__self__ is clone
         assert getattr(processor, name).__self__ is processor
+    assert clone.tokenizer is not processor.tokenizer
+    assert getattr(clone.tokenizer, fast_paths.ENCODE_PLUS).__self__ is clone.tokenizer
+    assert getattr(processor.tokenizer, fast_paths.ENCODE_PLUS).__self__ is processor.tokenizer
     repr(clone)  # the processor still serializes its config (repr builds the JSON)
 
 
@@ -128,8 +132,10 @@ def test_token_type_ids_agree_with_the_library_and_ignore_unset_ids(qwen_dir):
     ids = torch.tensor(vocabulary)[torch.randint(0, len(vocabulary), (3, 50), generator=generator)]
     assert None in processor.audio_token_ids, "the Qwen2-VL processor has no audio token: None must match nothing"
     marked = processor.create_mm_token_type_ids(ids)
-    assert marked == library(processor, ids)
-    assert {value for row in marked for value in row} == {0, 1, 2}
+    # A tensor for a tensor: what BatchFeature makes of the library's lists.
+    assert marked.dtype == torch.int64 and torch.equal(marked, torch.tensor(library(processor, ids)))
+    assert set(marked.flatten().tolist()) == {0, 1, 2}
+    assert torch.equal(processor.create_mm_token_type_ids(ids.to(torch.int32)), marked)
     assert processor.create_mm_token_type_ids(ids.tolist()) == library(processor, ids.tolist())
 
 
@@ -154,7 +160,65 @@ def test_the_switch_comes_from_the_flag_then_the_env():
 
 
 def test_the_info_lists_the_stand_ins_in_use(started, qwen_dir, tokenizer_dir):
-    assert set(started(qwen_dir).info()["fast_paths"]) == {
-        fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS,
-    }
-    assert started(tokenizer_dir).info()["fast_paths"] == [], "a bare tokenizer is not a ProcessorMixin"
+    assert set(started(qwen_dir).info()["fast_paths"]) == ALL_STAND_INS
+    # A bare tokenizer is no ProcessorMixin, but it is its own tokenizer.
+    assert started(tokenizer_dir).info()["fast_paths"] == [fast_paths.ENCODE_PLUS]
+
+
+TOKENIZER_CALLS = {
+    "one text": (["a few words {0}"], {}),
+    "one text, as a str": ("a few words {0}", {}),
+    "a batch, padded": (["short {0}", "a much longer text with many more words {0} {0}"], {"padding": True}),
+    "a batch, truncated": (["one two three four five six seven {0}"] * 2, {"truncation": True, "max_length": 4}),
+    "with the special tokens mask": (["words {0}"], {"return_special_tokens_mask": True}),
+    "without special tokens": (["words {0}"], {"add_special_tokens": False}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKENIZER_CALLS))
+def test_the_tokenizer_stand_in_gives_the_library_tensors(qwen_dir, tokenizer_dir, case):
+    texts, extra = TOKENIZER_CALLS[case]
+    for folder in (qwen_dir, tokenizer_dir):
+        library, _ = _load(folder, fast=False)
+        fast, _ = _load(folder, fast=True)
+        library, fast = library.tokenizer if folder == qwen_dir else library, fast.tokenizer if folder == qwen_dir else fast
+        assert fast_paths.ENCODE_PLUS in vars(fast) and fast_paths.ENCODE_PLUS not in vars(library)
+        text = texts.format(QWEN) if isinstance(texts, str) else [t.format(QWEN) for t in texts]
+        _same_outputs(library(text, return_tensors="pt", **extra), fast(text, return_tensors="pt", **extra))
+
+
+def test_the_tokenizer_stand_in_leaves_every_other_call_to_the_library(qwen_dir, monkeypatch):
+    from transformers import tokenization_utils_tokenizers
+
+    library, _ = _load(qwen_dir, fast=False)
+    fast, _ = _load(qwen_dir, fast=True)
+    library, fast = library.tokenizer, fast.tokenizer
+    ragged = ["short", "a much longer text with many more words"]
+    with pytest.raises(ValueError) as expected:
+        library(ragged, return_tensors="pt")
+    with pytest.raises(ValueError, match=re.escape(str(expected.value))):
+        fast(ragged, return_tensors="pt")
+    seen = []
+    original = tokenization_utils_tokenizers.TokenizersBackend._encode_plus
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.get("return_tensors"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tokenization_utils_tokenizers.TokenizersBackend, "_encode_plus", recording)
+    for call in (
+        lambda t: t("words", return_tensors="np"),
+        lambda t: t("words"),
+        lambda t: t("words", "a pair", return_tensors="pt"),
+        lambda t: t(["one", "two"], return_tensors="pt", padding=True, return_overflowing_tokens=True,
+                    truncation=True, max_length=3, stride=1),
+    ):
+        seen.clear()
+        left, right = call(library), call(fast)
+        assert seen[0] == seen[1], "the stand-in passed the call on as it came"
+        assert left.keys() == right.keys()
+        for key in left:
+            assert str(left[key]) == str(right[key]), key
+    seen.clear()
+    fast("words", return_tensors="pt")
+    assert seen == [None], "the common case: lists from the library, converted by the stand-in"
