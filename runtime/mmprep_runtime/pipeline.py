@@ -24,8 +24,8 @@ from mmprep_runtime.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits
 
 KNOWN_FIELDS: Final = frozenset({"text", "images", "audio"})
-#: A request body as the server reads it (``server._read_body``) or a caller passes it.
-Body = bytes | bytearray
+#: A request body: orjson parses any of these without a copy.
+Body = bytes | bytearray | memoryview
 
 
 @dataclasses.dataclass(frozen=True)

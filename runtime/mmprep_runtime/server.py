@@ -73,13 +73,14 @@ def _wants_safetensors(request: web.Request) -> bool:
     return False
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
+async def _read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, copied once on the event loop.
 
     ``request.read()`` copies a body three times more (joining the buffered chunks, growing a
     bytearray, then a bytes of it): for a 570 KB body that was a tenth of the loop thread's time
-    per request. With a Content-Length (checked against the limit before this), each chunk is
-    copied straight into a buffer of that size; the parser hands over no more than that length.
+    per request. With a Content-Length (checked against the limit before this), the parser's
+    chunks are kept as they come and joined once (a buffer filled in place would first be zeroed,
+    which cost as much as a copy).
     """
     length = request.content_length
     if length is None:  # chunked: aiohttp's reader enforces the limit as it reads
@@ -87,21 +88,19 @@ async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise errors.BodyTooLarge(f"body is over the limit of {limit} bytes") from None
-    body = bytearray(length)
-    view = memoryview(body)
-    filled = 0
+    chunks: list[bytes] = []
+    received = 0
     while True:
         chunk, _ = await request.content.readchunk()
         if not chunk:
             break
-        if filled + len(chunk) > length:  # aiohttp's parser stops at the length; never trust it blindly
+        received += len(chunk)
+        if received > length:  # aiohttp's parser stops at the length; never trust it blindly
             raise errors.BadRequest(f"body is longer than the {length} bytes its Content-Length announced")
-        view[filled:filled + len(chunk)] = chunk
-        filled += len(chunk)
-    view.release()
-    if filled != length:
-        raise errors.BadRequest(f"body ended after {filled} of the {length} bytes its Content-Length announced")
-    return body
+        chunks.append(chunk)
+    if received != length:
+        raise errors.BadRequest(f"body ended after {received} of the {length} bytes its Content-Length announced")
+    return b"".join(chunks)
 
 
 async def _preprocess(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
