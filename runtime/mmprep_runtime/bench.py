@@ -71,7 +71,7 @@ class Workload:
         request = self.request
         if self.decode and self.jpeg is not None:
             image = decoding.decode_image(
-                self.jpeg, "image", max_pixels=Limits().max_image_pixels, as_tensor=self.facts.fast_image_processor
+                self.jpeg, "image", max_pixels=Limits().max_image_pixels, layout=self.facts.image_layout
             )
             request = dataclasses.replace(request, images=(image,))
         pipeline.process(processor, request, self.facts)
@@ -86,7 +86,7 @@ def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode:
         jpeg = testing_media.jpeg(*size)
         images = (
             decoding.decode_image(
-                jpeg, "image", max_pixels=Limits().max_image_pixels, as_tensor=facts.fast_image_processor
+                jpeg, "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout
             ),
         )
         if facts.image_token:

@@ -1,4 +1,4 @@
-"""Decoding of request media: base64 -> checked PIL image or float32 waveform.
+"""Decoding of request media: base64 -> checked image (in the layout its processor takes) or float32 waveform.
 
 Runs on the IO pool, never on the event loop (decoding a 1280x960 JPEG holds the GIL for
 milliseconds). Every failure is a typed request error naming the item: the caller answers 4xx and
@@ -11,6 +11,7 @@ any pixel is decoded, so a 30000x30000 PNG of a few hundred KB costs nothing.
 from __future__ import annotations
 
 import binascii
+import enum
 import io
 import wave
 from typing import Any, Final
@@ -28,6 +29,38 @@ except ImportError:  # pragma: no cover - same result, slower
 ALLOWED_IMAGE_FORMATS: Final = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 
 
+class ImageLayout(str, enum.Enum):
+    """What a decoded image is handed to its processor as (``ProcessorFacts.image_layout``).
+
+    JPEGs then decode with torchvision's libjpeg-turbo op, which releases the GIL, straight into
+    the layout the image processor works in. From a PIL image, every image processor first copies
+    the pixels into an array (``Image.tobytes``), holding the GIL for about 1 ms per 1280x960
+    image, which serializes the worker threads. The pixels are identical to PIL's.
+    """
+
+    #: An RGB PIL image: what every image processor takes.
+    PIL = "pil"
+    #: A CHW uint8 torch tensor: torchvision (fast) image processors.
+    TENSOR = "tensor"
+    #: An HWC uint8 NumPy array: transformers' PIL-backend image processors, which turn a PIL
+    #: image into exactly this array before anything else.
+    ARRAY = "array"
+
+
+#: Processors guess an array's channel axis from its sizes (1, 3 or 4 channels): an HWC image
+#: with a side of 4 pixels or fewer stays a PIL image, whose layout is never guessed.
+_MIN_ARRAY_SIDE: Final = 5
+
+
+def image_size(image: Any) -> tuple[int, int]:
+    """(width, height) of a decoded image in any ``ImageLayout``."""
+    if isinstance(image, np.ndarray):
+        return image.shape[1], image.shape[0]
+    if hasattr(image, "shape"):
+        return image.shape[-1], image.shape[-2]
+    return image.size  # type: ignore[no-any-return]
+
+
 def b64decode(item: str, what: str) -> bytes:
     # Data URLs are what browsers and OpenAI-style clients send; accept them as-is.
     if item.startswith("data:"):
@@ -38,14 +71,8 @@ def b64decode(item: str, what: str) -> bytes:
         raise errors.BadMedia(f"{what} is not valid base64: {exc}") from None
 
 
-def decode_image(data: bytes, what: str, *, max_pixels: int, as_tensor: bool = False) -> Any:
-    """A checked RGB image: a PIL image, or with ``as_tensor`` a CHW uint8 torch tensor.
-
-    Tensors are for fast (torchvision) image processors. JPEGs then decode with torchvision's
-    libjpeg-turbo op, which releases the GIL and skips the PIL -> array copy (about 2 ms of
-    GIL-held time per 1280x960 image, which otherwise serializes the worker threads). The pixels
-    are identical to PIL's.
-    """
+def decode_image(data: bytes, what: str, *, max_pixels: int, layout: ImageLayout = ImageLayout.PIL) -> Any:
+    """A checked RGB image in ``layout`` (see ``ImageLayout``)."""
     try:
         image = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -61,15 +88,19 @@ def decode_image(data: bytes, what: str, *, max_pixels: int, as_tensor: bool = F
         raise errors.MediaTooLarge(
             f"{what} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}"
         )
-    if as_tensor and image.format == "JPEG":
-        return _decode_jpeg_tensor(data, what)
+    if image.format == "JPEG" and (
+        layout is ImageLayout.TENSOR or (layout is ImageLayout.ARRAY and min(width, height) >= _MIN_ARRAY_SIDE)
+    ):
+        chw = _decode_jpeg_tensor(data, what)
+        # The HWC copy is a torch op: it releases the GIL too.
+        return chw if layout is ImageLayout.TENSOR else chw.permute(1, 2, 0).contiguous().numpy()
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         # Truncated files end here ("image file is truncated").
         raise errors.BadMedia(f"{what} could not be decoded: {exc}") from None
     rgb: Image.Image = image if image.mode == "RGB" else image.convert("RGB")
-    if as_tensor:
+    if layout is ImageLayout.TENSOR:
         import torch
 
         return torch.from_numpy(np.array(rgb)).permute(2, 0, 1)

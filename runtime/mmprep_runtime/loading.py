@@ -22,7 +22,7 @@ import logging
 import pathlib
 from typing import Any
 
-from mmprep_runtime import declared, fast_paths, patches, policy
+from mmprep_runtime import decoding, declared, fast_paths, patches, policy
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,15 @@ class ProcessorFacts:
             backend=backend,
             fast_image_processor=self.fast_image_processor,
         )
+
+    @property
+    def image_layout(self) -> decoding.ImageLayout:
+        """How decoded images are handed to this processor's image processor."""
+        if self.backend == policy.Backend.TORCHVISION.value:
+            return decoding.ImageLayout.TENSOR
+        if self.backend == policy.Backend.PIL.value:
+            return decoding.ImageLayout.ARRAY
+        return decoding.ImageLayout.PIL  # any other image processor: the one input all of them take
 
     @property
     def takes_images(self) -> bool:

@@ -101,10 +101,10 @@ def decode_request(body: Body, facts: ProcessorFacts, limits: Limits) -> Preproc
             decoding.b64decode(item, what),
             what,
             max_pixels=limits.max_image_pixels,
-            as_tensor=facts.fast_image_processor,
+            layout=facts.image_layout,
         )
         # Checked as each image is decoded: at most one image beyond the budget is ever held.
-        width, height = (image.shape[-1], image.shape[-2]) if hasattr(image, "shape") else image.size
+        width, height = decoding.image_size(image)
         total_pixels += width * height
         if total_pixels > limits.max_request_pixels:
             raise errors.MediaTooLarge(

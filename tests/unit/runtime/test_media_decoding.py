@@ -7,6 +7,7 @@ import io
 import wave
 
 import numpy as np
+from PIL import Image
 import pytest
 
 from mmprep_runtime import decoding, errors, testing_media
@@ -18,8 +19,6 @@ def test_a_data_url_is_accepted_like_plain_base64():
 
 
 def test_a_grayscale_png_comes_back_as_rgb():
-    from PIL import Image
-
     buffer = io.BytesIO()
     Image.new("L", (10, 6), 128).save(buffer, format="PNG")
     image = decoding.decode_image(buffer.getvalue(), "images[0]", max_pixels=100)
@@ -32,8 +31,6 @@ def test_the_pixel_cap_is_checked_before_decoding():
 
 
 def test_an_image_format_outside_the_allowed_list_is_refused():
-    from PIL import Image
-
     buffer = io.BytesIO()
     Image.new("RGB", (4, 4)).save(buffer, format="PPM")
     with pytest.raises(errors.BadMedia, match="unsupported image format PPM"):
@@ -73,17 +70,34 @@ def test_24_bit_audio_is_refused_with_the_supported_widths():
 
 
 @pytest.mark.parametrize("encode", [testing_media.jpeg, testing_media.png])
-def test_tensor_decoding_gives_the_same_pixels_as_pil(encode):
+def test_every_layout_gives_the_same_pixels_as_pil(encode):
     import torch
 
     data = encode(40, 30)
     pil = decoding.decode_image(data, "images[0]", max_pixels=10_000)
-    tensor = decoding.decode_image(data, "images[0]", max_pixels=10_000, as_tensor=True)
+    hwc = np.array(pil)
+    tensor = decoding.decode_image(data, "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.TENSOR)
     assert tensor.dtype == torch.uint8 and tuple(tensor.shape) == (3, 30, 40)
-    assert torch.equal(tensor, torch.from_numpy(np.array(pil)).permute(2, 0, 1))
+    assert torch.equal(tensor, torch.from_numpy(hwc).permute(2, 0, 1))
+    array = decoding.decode_image(data, "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.ARRAY)
+    if encode is testing_media.jpeg:
+        assert isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.flags.c_contiguous
+        assert np.array_equal(array, hwc)
+    else:  # only JPEGs skip PIL: anything else reaches the processor as the PIL image it was decoded to
+        assert isinstance(array, Image.Image) and np.array_equal(np.array(array), hwc)
+    for image in (pil, tensor, array):
+        assert decoding.image_size(image) == (40, 30)
 
 
-def test_a_truncated_jpeg_is_refused_by_the_tensor_decoder_too():
+def test_a_jpeg_with_a_side_a_channel_count_could_be_stays_a_pil_image():
+    # HWC (4, 40, 3): a processor could take the 4 rows for RGBA channels.
+    image = decoding.decode_image(testing_media.jpeg(40, 4), "images[0]", max_pixels=10_000,
+                                  layout=decoding.ImageLayout.ARRAY)
+    assert isinstance(image, Image.Image) and image.size == (40, 4)
+
+
+@pytest.mark.parametrize("layout", [decoding.ImageLayout.TENSOR, decoding.ImageLayout.ARRAY])
+def test_a_truncated_jpeg_is_refused_by_the_tensor_decoder_too(layout):
     data = testing_media.jpeg(200, 150)
     with pytest.raises(errors.BadMedia, match="images\\[1\\] could not be decoded: .*truncated"):
-        decoding.decode_image(data[: len(data) // 2], "images[1]", max_pixels=10**6, as_tensor=True)
+        decoding.decode_image(data[: len(data) // 2], "images[1]", max_pixels=10**6, layout=layout)

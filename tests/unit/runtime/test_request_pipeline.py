@@ -66,3 +66,35 @@ def test_the_pixels_of_all_images_together_are_capped():
     with pytest.raises(errors.MediaTooLarge, match="images\\[1\\]"):
         pipeline.decode_request(body, _facts(image_processor_class="I", fast_image_processor=True),
                                 Limits(max_request_pixels=15_000))
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("qwen2-vl", "pil"), ("llava", "pil"), ("qwen2-vl", "torchvision")])
+def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_factory, kind, backend):
+    """Decoding straight to the processor's own layout (decoding.ImageLayout) is exact: the same
+    tensors as handing the processor the PIL images, for a JPEG and a PNG in one request."""
+    import base64
+    import dataclasses
+
+    import torch
+
+    from mmprep_runtime import decoding, testing_media, testing_models
+    from mmprep_runtime.settings import Limits
+
+    processor, facts = loading.load_processor(loading.ModelSettings(str(model_factory(kind, backend=backend))))
+    expected_layout = decoding.ImageLayout.ARRAY if backend == "pil" else decoding.ImageLayout.TENSOR
+    assert facts.image_layout is expected_layout
+    token = testing_models.QWEN_IMAGE_PLACEHOLDER if kind == "qwen2-vl" else testing_models.LLAVA_IMAGE_TOKEN
+    body = {
+        "text": f"first {token} then {token}",
+        "images": [base64.b64encode(testing_media.jpeg(120, 90, seed=3)).decode(),
+                   base64.b64encode(testing_media.png(64, 48)).decode()],
+    }
+    request = pipeline.decode_request(__import__("json").dumps(body).encode(), facts, Limits())
+    assert [type(image).__name__ for image in request.images][0] == ("ndarray" if backend == "pil" else "Tensor")
+    as_pil = dataclasses.replace(request, images=tuple(
+        decoding.decode_image(base64.b64decode(item), "image", max_pixels=10**6) for item in body["images"]
+    ))
+    ours, reference = pipeline.process(processor, request, facts), pipeline.process(processor, as_pil, facts)
+    assert ours.keys() == reference.keys()
+    for name in ours:
+        assert ours[name].dtype == reference[name].dtype and torch.equal(ours[name], reference[name]), name
