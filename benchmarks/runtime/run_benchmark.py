@@ -361,8 +361,8 @@ def markdown(report: dict[str, Any]) -> str:
         by_workers = {row["workers"]: row for row in library["results"]}
         lines += [
             "",
-            "The same without the fast paths (`--no-fast-paths`: transformers' own placeholder check and "
-            "token-type ids, GIL-held): "
+            "The same without the fast paths (`--no-fast-paths`: transformers' own placeholder check, "
+            "token-type ids and tensor conversion of the token ids, GIL-held): "
             + ", ".join(f"{w} worker(s) {row['req_per_s']:.1f} req/s at {row['cpu_ms_per_request']:.1f} CPU ms/req"
                         for w, row in sorted(by_workers.items()))
             + f"; 2 workers / 1 worker: {by_workers[2]['req_per_s'] / by_workers[1]['req_per_s']:.2f}x.",
@@ -395,7 +395,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per HTTP measurement")
+    parser.add_argument("--in-process-rounds", type=int, default=10,
+                        help="interleaved rounds in process: finer slices average out this VM's speed drift, "
+                             "to which the direct-vs-pool overhead (a few percent) is sensitive")
     parser.add_argument("--io-workers", type=int, default=None, help="serve --io-workers (default: the decision's)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--backends", default="torchvision,pil")
@@ -435,7 +438,7 @@ def main() -> int:
         machine_before, own_before, wall_before = machine_busy_seconds(), own_cpu_seconds(), time.perf_counter()
         report["in_process"] = bench.run(
             loading.ModelSettings(str(model), backend=Backend.TORCHVISION), [1, 2], duration=args.duration,
-            size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1, rounds=args.rounds,
+            size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1, rounds=args.in_process_rounds,
         )
         report["in_process"]["model"] = "make-model --kind qwen2-vl"  # not the scratch folder's path
         report["in_process"]["other_cpu_cores"] = round(
@@ -444,12 +447,13 @@ def main() -> int:
         rows = {row["workers"]: row for row in report["in_process"]["results"]}
         direct = report["in_process"]["direct"]
 
-        # The same pool with transformers' own placeholder check and token-type ids, for the
+        # The same pool with transformers' own placeholder check, token-type ids and id tensors, for the
         # difference the GIL-light stand-ins make (mmprep_runtime.fast_paths).
         print("in process, without the fast paths ...", file=sys.stderr)
         report["in_process_library_steps"] = bench.run(
             loading.ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False), [1, 2],
-            duration=args.duration, size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1, rounds=args.rounds,
+            duration=args.duration, size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1,
+            rounds=args.in_process_rounds,
         )
         report["in_process_library_steps"]["model"] = report["in_process"]["model"]
 
