@@ -194,8 +194,14 @@ def measure_direct(processor: Any, workload: Workload, duration: float, progress
     return Measurement("direct", 1, 1, len(latencies), seconds, latencies, cpu, _rss_bytes())
 
 
-def measure_pool(running: engine.Engine, workload: Workload, duration: float, progress: bool) -> Measurement:
-    """Closed loop, one job in flight per worker, for ``duration`` seconds."""
+def measure_pool(
+    running: engine.Engine, job: Callable[[Any], object], duration: float, progress: bool
+) -> Measurement:
+    """Closed loop, one ``job(processor)`` in flight per worker, for ``duration`` seconds.
+
+    Each finished job submits the next from its done callback, on the worker that ran it: the
+    worker never sleeps between jobs, as in a pool with a queue of waiting requests.
+    """
     pool = running.pool
     lock = threading.Lock()
     latencies: list[float] = []
@@ -205,7 +211,7 @@ def measure_pool(running: engine.Engine, workload: Workload, duration: float, pr
 
     def submit() -> None:
         submitted = time.perf_counter()
-        future = pool.submit(workload.job)
+        future = pool.submit(job)
         future.add_done_callback(lambda f: completed(f, submitted))
 
     def completed(future: Any, submitted: float) -> None:
@@ -240,6 +246,25 @@ def measure_pool(running: engine.Engine, workload: Workload, duration: float, pr
         f"pool-{pool.workers}", pool.workers, running.intra_op_threads, len(latencies), seconds, latencies, cpu,
         _rss_bytes(),
     )
+
+
+def _nothing(_processor: Any) -> None:
+    return None
+
+
+def measure_dispatch(running: engine.Engine, duration: float) -> dict[str, float]:
+    """What the pool itself costs per job: the same closed loop with jobs that do nothing.
+
+    This is the executor's whole per-job work (queue, future, accounting, the callback that
+    submits the next job) without the processor: the overhead against a direct call, measured
+    without the noise of two 15 ms workloads compared across slices.
+    """
+    measured = measure_pool(running, _nothing, duration, False)
+    return {
+        "jobs": measured.requests,
+        "us_per_job": round(measured.seconds / max(1, measured.requests) * 1e6, 1),
+        "cpu_us_per_job": round(measured.cpu_seconds / max(1, measured.requests) * 1e6, 1),
+    }
 
 
 def _merge(parts: list[Measurement]) -> Measurement:
@@ -284,19 +309,23 @@ def run(
         if warmup > 0:
             measure_direct(processor, workload, warmup, False)
             for running in engines.values():
-                measure_pool(running, workload, warmup, False)
+                measure_pool(running, workload.job, warmup, False)
         slice_ = duration / rounds
         direct_parts: list[Measurement] = []
         pool_parts: dict[int, list[Measurement]] = {count: [] for count in engines}
         for _ in range(rounds):
             direct_parts.append(measure_direct(processor, workload, slice_, progress))
             for count, running in engines.items():
-                pool_parts[count].append(measure_pool(running, workload, slice_, progress))
+                pool_parts[count].append(measure_pool(running, workload.job, slice_, progress))
         reasons = {count: running.decision.reason.value for count, running in engines.items()}
+        dispatch = measure_dispatch(engines[min(engines)], min(1.0, duration))
     finally:
         for running in engines.values():
             running.close()
     direct = _merge(direct_parts).summary()
+    if direct["requests"]:
+        direct_us = direct["seconds"] / direct["requests"] * 1e6
+        dispatch["share_of_direct_call"] = round(dispatch["us_per_job"] / direct_us, 4)
     results = []
     for count in workers:
         summary = _merge(pool_parts[count]).summary()
@@ -320,6 +349,8 @@ def run(
         "usable_cpus": engine.cpus.usable_cpus(),
         "direct": direct,
         "results": results,
+        # The pool's own per-job cost, on the smallest pool (see measure_dispatch).
+        "dispatch": {"workers": min(workers), **dispatch},
         "versions": versions.versions(),
     }
 
@@ -339,6 +370,11 @@ def table(report: dict[str, Any]) -> str:
             f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['cpu_cores']:>5} {row['cpu_ms_per_request']:>10} "
             f"{row['rss_mb']:>7} {row.get('speedup_vs_1_worker', ''):>7}"
         )
+    dispatch = report["dispatch"]
+    lines.append(
+        f"pool's own cost per job ({dispatch['workers']} worker(s), jobs that do nothing): "
+        f"{dispatch['us_per_job']} us, {dispatch.get('share_of_direct_call', 0) * 100:.2f}% of a direct call"
+    )
     return "\n".join(lines)
 
 

@@ -193,7 +193,11 @@ def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tm
         assert row["p50_ms"] <= row["p99_ms"]
         assert row["cpu_ms_per_request"] > 0 and row["rss_mb"] > 0
     assert report["results"][0]["speedup_vs_1_worker"] == 1.0
-    assert "req/s" in captured.err and "pool-2" in captured.err  # the table
+    # The pool's own cost per job, from jobs that do nothing: measured, and far below a real call.
+    dispatch = report["dispatch"]
+    assert dispatch["workers"] == 1 and dispatch["jobs"] > 0
+    assert 0 < dispatch["us_per_job"] and 0 < dispatch["share_of_direct_call"] < 0.5
+    assert "req/s" in captured.err and "pool's own cost per job" in captured.err and "pool-2" in captured.err  # the table
     assert "2 worker(s):" in captured.err  # the progress display
 
 
