@@ -10,6 +10,7 @@ import asyncio
 import base64
 import dataclasses
 import io
+import json
 import struct
 import threading
 import zlib
@@ -48,7 +49,7 @@ class Running:
 
     async def post(self, payload: Any = None, *, data: bytes | None = None, headers=None, query: str = ""):
         if data is None:
-            data = __import__("json").dumps(payload).encode()
+            data = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", **(headers or {})}
         async with self.client.post(f"{self.url}/v1/preprocess{query}", data=data, headers=headers) as response:
             body = await response.read()
@@ -107,7 +108,7 @@ async def test_qwen_end_to_end_json_and_safetensors(start_server, qwen_dir):
     payload = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(112, 84))]}
     status, headers, body = await running.post(payload)
     assert status == 200, body
-    answer = __import__("json").loads(body)
+    answer = json.loads(body)
     tensors = answer["tensors"]
     assert tensors["pixel_values"]["dtype"] == "float32" and tensors["pixel_values"]["shape"][1] == 1176
     assert tensors["image_grid_thw"]["shape"] == [1, 3]
@@ -145,17 +146,17 @@ async def test_llava_whisper_and_a_bare_tokenizer_are_served(start_server, llava
     llava = await start_server(llava_dir)
     status, _, body = await llava.post({"text": "what is <image>?", "images": [b64(jpeg_bytes())]})
     assert status == 200, body
-    assert __import__("json").loads(body)["tensors"]["pixel_values"]["shape"] == [1, 3, 224, 224]
+    assert json.loads(body)["tensors"]["pixel_values"]["shape"] == [1, 3, 224, 224]
 
     whisper = await start_server(whisper_dir)
     status, _, body = await whisper.post({"text": "hello", "audio": [b64(wav_bytes(rate=8000))]})
     assert status == 200, body
-    assert __import__("json").loads(body)["tensors"]["input_features"]["shape"] == [1, 80, 3000]
+    assert json.loads(body)["tensors"]["input_features"]["shape"] == [1, 80, 3000]
 
     bare = await start_server(tokenizer_dir)
     status, _, body = await bare.post({"text": "a cat on a mat"})
     assert status == 200, body
-    assert __import__("json").loads(body)["input_ids"]
+    assert json.loads(body)["input_ids"]
     status, _, body = await bare.post({"text": "x", "images": [b64(jpeg_bytes())]})
     assert status == 422 and b"takes no images" in body
 
@@ -229,7 +230,7 @@ async def test_both_decoding_places_give_the_same_answers(start_server, qwen_dir
     payload = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(112, 84))]}
     status, _, body = await running.post(payload)
     assert status == 200, body
-    answer = __import__("json").loads(body)
+    answer = json.loads(body)
     assert answer["tensors"]["pixel_values"]["shape"] == [48, 1176]  # 112x84 -> 8x6 patches of 14
     status, _, body = await running.post(payload, query="?format=safetensors")
     assert status == 200 and load(body)["input_ids"].tolist() == answer["input_ids"]
@@ -247,7 +248,7 @@ async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start
             query=request.get("query", ""),
         )
         assert status == expected_status, (case, body)
-        error = __import__("json").loads(body)["error"]
+        error = json.loads(body)["error"]
         assert fragment in error["message"], (case, error)
         assert error["status"] == expected_status
         good_status, _, good_body = await running.post(good)
@@ -259,7 +260,7 @@ async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start
 async def test_a_chunked_body_is_read_whole_and_held_to_the_size_limit(start_server, qwen_dir):
     """Without a Content-Length the body is read by aiohttp's own reader, which enforces the limit."""
     running = await start_server(qwen_dir, limits=Limits(max_body_bytes=200_000))
-    good = __import__("json").dumps({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}).encode()
+    good = json.dumps({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}).encode()
 
     def chunked(data: bytes):
         async def pieces():
@@ -341,7 +342,7 @@ async def test_an_unexpected_failure_is_a_json_500_and_counted(start_server, tok
 
     monkeypatch.setattr(server.pipeline, "decode_request", broken)
     status, _, body = await running.post({"text": "x"})
-    assert status == 500 and __import__("json").loads(body)["error"]["code"] == "internal_error"
+    assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
     async with running.client.get(f"{running.url}/metrics") as response:
         assert 'mmprep_requests_total{outcome="internal_error"} 1.0' in await response.text()
 

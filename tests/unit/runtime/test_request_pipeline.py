@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mmprep_runtime import errors, loading, pipeline
@@ -89,7 +91,7 @@ def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_fa
         "images": [base64.b64encode(testing_media.jpeg(120, 90, seed=3)).decode(),
                    base64.b64encode(testing_media.png(64, 48)).decode()],
     }
-    request = pipeline.decode_request(__import__("json").dumps(body).encode(), facts, Limits())
+    request = pipeline.decode_request(json.dumps(body).encode(), facts, Limits())
     assert [type(image).__name__ for image in request.images][0] == ("ndarray" if backend == "pil" else "Tensor")
     as_pil = dataclasses.replace(request, images=tuple(
         decoding.decode_image(base64.b64decode(item), "image", max_pixels=10**6) for item in body["images"]
