@@ -359,7 +359,7 @@ def markdown(report: dict[str, Any]) -> str:
         # The throughput ratio above compares 15 ms jobs across slices of a noisy machine; this is
         # the executor's own work per job, measured with jobs that do nothing.
         f"The pool's own cost per job (queue, future, accounting; {inproc['dispatch']['jobs']} jobs that do "
-        f"nothing, 1 worker): {inproc['dispatch']['us_per_job']:.1f} us, "
+        f"nothing, {inproc['dispatch']['workers']} worker(s)): {inproc['dispatch']['us_per_job']:.1f} us, "
         f"{inproc['dispatch']['share_of_direct_call'] * 100:.2f}% of a direct call.",
     ]
     library = report.get("in_process_library_steps")

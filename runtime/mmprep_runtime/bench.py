@@ -318,7 +318,8 @@ def run(
             for count, running in engines.items():
                 pool_parts[count].append(measure_pool(running, workload.job, slice_, progress))
         reasons = {count: running.decision.reason.value for count, running in engines.items()}
-        dispatch = measure_dispatch(engines[min(engines)], min(1.0, duration))
+        smallest = min(engines)
+        dispatch = {"workers": smallest, **measure_dispatch(engines[smallest], min(1.0, duration))}
     finally:
         for running in engines.values():
             running.close()
@@ -350,7 +351,7 @@ def run(
         "direct": direct,
         "results": results,
         # The pool's own per-job cost, on the smallest pool (see measure_dispatch).
-        "dispatch": {"workers": min(workers), **dispatch},
+        "dispatch": dispatch,
         "versions": versions.versions(),
     }
 

@@ -197,7 +197,8 @@ def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tm
     dispatch = report["dispatch"]
     assert dispatch["workers"] == 1 and dispatch["jobs"] > 0
     assert 0 < dispatch["us_per_job"] and 0 < dispatch["share_of_direct_call"] < 0.5
-    assert "req/s" in captured.err and "pool's own cost per job" in captured.err and "pool-2" in captured.err  # the table
+    # The table.
+    assert "req/s" in captured.err and "pool-2" in captured.err and "pool's own cost per job" in captured.err
     assert "2 worker(s):" in captured.err  # the progress display
 
 
