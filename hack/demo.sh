@@ -59,12 +59,14 @@ kc create namespace "$NAMESPACE" --dry-run=client -o yaml | kc apply -f - >/dev/
 "$PYTHON" "$HACK_DIR/demo/localize.py" --models "$MODELS" "$REPO_DIR"/examples/*.yaml "$HACK_DIR/demo/resources.yaml" \
   | kc apply -n "$NAMESPACE" -f -
 
+# One line per change of the count (a `\r`-updated line piles up in logs that are not a terminal).
+last_ready=""
 all_ready() {
   local want got
   want=$(kc get mmp -n "$NAMESPACE" -o name | wc -l)
   got=$(kc get mmp -n "$NAMESPACE" -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true)
-  printf '\r  %s/%s resources Ready ' "$got" "$want" >&2
-  [ "$want" -gt 0 ] && [ "$got" -eq "$want" ] && echo >&2
+  if [ "$got/$want" != "$last_ready" ]; then log "$got/$want resources Ready"; last_ready="$got/$want"; fi
+  [ "$want" -gt 0 ] && [ "$got" -eq "$want" ]
 }
 log "waiting for every resource to be Ready (probes run for real on the agent's node)"
 wait_until "all resources" 300 all_ready
