@@ -121,13 +121,18 @@ def crd(cluster: Cluster, kube: Kube) -> str:
 TEST_NAMESPACE_PREFIX = "it-"
 UNWATCHED_NAMESPACE_PREFIX = "ns-"
 
-#: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3).
+#: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3),
+#: and short calibration runs (calibration stays off unless a resource asks for it).
 OPERATOR_POLICY = """\
 defaultImage: mmprep-runtime:test
 overrides:
 - gpuProduct: NVIDIA-GB300
   path: gpu
   processor: 3
+calibration:
+  secondsPerCount: 2
+  imageSizes: ["640x480"]
+  timeoutSeconds: 240
 """
 
 

@@ -152,6 +152,14 @@ class Workers(_Model):
     overrides: list[WorkerOverride] = Field(
         default_factory=list, max_length=32, description="Per-GPU-product or per-family processor worker counts."
     )
+    calibrate: bool | None = Field(
+        None,
+        description=(
+            "Measure each pool's processor worker count on one of its nodes (a calibration Job running "
+            "`mmprep-runtime bench` at 1..N workers) and use the measured count. Default from the operator "
+            "policy (calibration.mode: off or auto). Explicit counts and overrides still win."
+        ),
+    )
 
 
 class ProbeSpec(_Model):
@@ -297,6 +305,33 @@ class ProbeStatus(_Model):
     result: ProbeResult | None = Field(None, description="The probe's answer.")
 
 
+CalibrationState = Literal["Pending", "Running", "Succeeded", "Failed", "Unavailable", "NotNeeded"]
+
+
+class CalibrationPoint(_Model):
+    """Throughput and latency measured at one processor worker count."""
+
+    workers: int = Field(description="Processor workers.")
+    req_per_s: float = Field(description="Requests per second (each decoding and processing one image).")
+    p50_ms: float | None = Field(None, description="Median latency, ms.")
+    p99_ms: float | None = Field(None, description="99th percentile latency, ms.")
+
+
+class PoolCalibration(_Model):
+    """The calibration run for this pool: where it ran, what it measured, what it chose and why."""
+
+    hash: str = Field(description="Hash of what the measurement depends on (GPU product, image, model, backend, device, resources).")
+    job: str | None = Field(None, description="The calibration Job.")
+    state: CalibrationState = Field(description="Pending, Running, Succeeded, Failed, Unavailable or NotNeeded.")
+    reason: str = Field(description="Measured, CalibrationPending, CalibrationFailed, CalibrationUnavailable or CalibrationNotNeeded.")
+    message: str = Field("", description="What was chosen and why, or why there is no measurement.")
+    node: str | None = Field(None, description="The node the Job ran on.")
+    measured_at: str | None = Field(None, description="When the result was read (RFC 3339).")
+    curve: list[CalibrationPoint] = Field(default_factory=list, description="Throughput by worker count.")
+    chosen_workers: int | None = Field(None, description="The count chosen: the fewest within the tolerance of the best.")
+    tolerance: float | None = Field(None, description="The tolerance the choice used.")
+
+
 class PoolStatus(_Model):
     """One node pool (nodes of one GPU product, or CPU-only nodes) and what was decided for it."""
 
@@ -315,6 +350,7 @@ class PoolStatus(_Model):
     deployment: str = Field(description="Name of the pool's Deployment.")
     replicas: int = Field(description="Desired pods in the pool.")
     ready_replicas: int = Field(0, description="Ready pods in the pool.")
+    calibration: PoolCalibration | None = Field(None, description="The pool's calibration, when calibration is on.")
 
 
 class MultimodalPreprocessorStatus(_Model):
@@ -334,6 +370,7 @@ class MultimodalPreprocessorStatus(_Model):
     path_summary: str | None = Field(None, description="Paths per pool, for kubectl get.")
     worker_summary: str | None = Field(None, description="Processor workers per pool, for kubectl get.")
     ready_summary: str | None = Field(None, description="ready/desired pods, for kubectl get.")
+    calibration_summary: str | None = Field(None, description="Measured pools / calibrated pools, for kubectl get -o wide.")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

@@ -11,7 +11,7 @@ import pathlib
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmprep_operator import __version__
 from mmprep_operator.api import Quantity, WorkerOverride
@@ -37,11 +37,44 @@ class ProbeDefaults(_Strict):
     )
 
 
+class CalibrationDefaults(_Strict):
+    """Calibration Jobs: when they run and how long they measure (see ``calibration``).
+
+    ``mode: off`` (the default) runs them only for resources that set ``spec.workers.calibrate:
+    true``; ``auto`` runs them for every resource that does not set it to false. Off by default
+    because a run occupies one node's CPUs for a minute or two per pool and model.
+    """
+
+    mode: Literal["off", "auto"] = "off"
+    # Within 5% of the best throughput, fewer workers win: less memory, less device contention,
+    # and a 5% difference is within what two runs on a shared node can differ by.
+    tolerance: float = Field(0.05, ge=0, lt=1)
+    # More workers than this are never measured, whatever the pod's CPU limit.
+    max_workers: int = Field(8, alias="maxWorkers", ge=1, le=64)
+    # Per worker count: 3 interleaved rounds of 4 s each measure 1..4 workers in about a minute.
+    seconds_per_count: float = Field(12.0, alias="secondsPerCount", gt=0, le=600)
+    image_sizes: list[str] = Field(
+        default_factory=lambda: ["1280x960"], alias="imageSizes", min_length=1, max_length=8,
+    )
+    timeout_seconds: int = Field(900, alias="timeoutSeconds", ge=30, le=86400)
+    ttl_seconds_after_finished: int = Field(3600, alias="ttlSecondsAfterFinished", ge=0)
+
+    @field_validator("image_sizes")
+    @classmethod
+    def _sizes(cls, sizes: list[str]) -> list[str]:
+        for size in sizes:
+            width, sep, height = size.lower().partition("x")
+            if not (sep and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+                raise ValueError(f"image size must be WIDTHxHEIGHT, got {size!r}")
+        return sizes
+
+
 class OperatorPolicy(_Strict):
     default_image: str = Field(DEFAULT_RUNTIME_IMAGE, alias="defaultImage", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
     overrides: list[WorkerOverride] = Field(default_factory=list)
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
+    calibration: CalibrationDefaults = Field(default_factory=CalibrationDefaults)
     # A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).
     resync_seconds: float = Field(300.0, alias="resyncSeconds", gt=0)
 

@@ -36,6 +36,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
         "description": "Why the resource is degraded, if it is.",
     },
+    {
+        "name": "Measured",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.calibrationSummary",
+        "description": "Pools whose worker count was measured, of those calibrated.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -75,8 +75,13 @@ def _usable_declared(declared: int | None) -> int | None:
 
 
 def decide_pool(
-    spec: MultimodalPreprocessorSpec, probe: ProbeResult, pool: Pool, policy_overrides: Sequence[WorkerOverride]
+    spec: MultimodalPreprocessorSpec,
+    probe: ProbeResult,
+    pool: Pool,
+    policy_overrides: Sequence[WorkerOverride],
+    measured: int | None = None,
 ) -> PoolDecision:
+    """``measured``: the count a calibration run chose for this pool, when one succeeded."""
     path = decide_path(
         gpu_available=gpu_available(spec, pool),
         device=spec.device,
@@ -92,6 +97,7 @@ def decide_pool(
         declared=_usable_declared(probe.declared_workers),
         explicit_io=spec.workers.io,
         cloneable_error=probe.error,
+        measured=measured,
     )
     source = match[1] if match and decision.reason.value == "Override" else None
     return PoolDecision(pool, decision, source)

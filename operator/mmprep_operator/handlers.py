@@ -19,11 +19,23 @@ from mmprep_operator import api, render
 from mmprep_operator.controller import Controller, nodes_from_index
 from mmprep_operator.kube import bearer_token, load_configuration
 from mmprep_operator.nodes import node_facts
+from mmprep_operator.calibration import LABEL_COMPONENT_CALIBRATION
 from mmprep_operator.probe import LABEL_COMPONENT_PROBE
 from mmprep_operator.state import OperatorState
 
 _CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
-_PROBE_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE}
+_JOB_COMPONENTS = (LABEL_COMPONENT_CALIBRATION, LABEL_COMPONENT_PROBE)
+
+
+def _is_job_component(value: str | None, **_: Any) -> bool:
+    return value in _JOB_COMPONENTS
+
+
+# The Jobs the operator reads: probes and calibrations (kopf's labels= filters client-side).
+_JOB_LABELS: dict[str, Any] = {**_CHILD_LABELS, render.LABEL_COMPONENT: _is_job_component}
+_JOB_SELECTOR = ",".join(
+    [*(f"{k}={v}" for k, v in sorted(_CHILD_LABELS.items())), f"{render.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"]
+)
 NODE_INDEX = "mmprep_nodes"
 
 
@@ -62,7 +74,7 @@ def build_registry() -> kopf.OperatorRegistry:
         # Deployment and Job just to drop all but its own (the handlers' labels= filter client-side).
         settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["", "services"] = _selector(_CHILD_LABELS)
-        settings.watching.label_selectors["batch", "jobs"] = _selector(_PROBE_LABELS)
+        settings.watching.label_selectors["batch", "jobs"] = _JOB_SELECTOR
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 
@@ -97,7 +109,7 @@ def build_registry() -> kopf.OperatorRegistry:
     def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Service", type, body)
 
-    @kopf.on.event("batch", "v1", "jobs", labels=_PROBE_LABELS, registry=registry)
+    @kopf.on.event("batch", "v1", "jobs", labels=_JOB_LABELS, registry=registry)
     def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Job", type, body)
 

@@ -7,7 +7,7 @@ by ``mmprep-operator render``, so a preview shows exactly what the operator woul
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mmprep_operator import api, pools, render, replicas
@@ -45,11 +45,14 @@ def make_plan(
     probe: api.ProbeResult,
     policy: OperatorPolicy,
     pooling: pools.Pooling | None = None,
+    measured: Mapping[str, int] | None = None,
 ) -> Plan:
-    """``pooling``: ``pools.group(nodes, spec)`` when the caller already has it (memoized)."""
+    """``pooling``: ``pools.group(nodes, spec)`` when the caller already has it (memoized).
+    ``measured``: pool name -> the worker count its calibration chose (see ``calibration``)."""
     if pooling is None:
         pooling = pools.group(nodes, spec)
-    decisions = tuple(decide_pool(spec, probe, pool, policy.overrides) for pool in pooling.pools)
+    measured = measured or {}
+    decisions = tuple(decide_pool(spec, probe, pool, policy.overrides, measured.get(pool.name)) for pool in pooling.pools)
     counts = replicas.distribute(spec.replicas, pools.pool_weights(pooling.pools))
     objects = tuple(render.render_children(owner, spec, decisions, counts, policy))
     names = {d.pool.name: render.deployment_name(owner, d.pool.name) for d in decisions}

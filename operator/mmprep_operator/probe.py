@@ -20,14 +20,13 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, naming, render
+from mmprep_operator import api, jobs, naming, render
 from mmprep_operator.config import OperatorPolicy
 
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
 TERMINATION_LOG: Final = "/dev/termination-log"
-_MESSAGE_TAIL: Final = 600
 
 
 def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:
@@ -128,26 +127,6 @@ class ProbeOutcome:
     message: str | None = None
 
 
-def _condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for c in (job.get("status") or {}).get("conditions") or ():
-        if c.get("type") == type_ and c.get("status") == "True":
-            return c
-    return None
-
-
-def _terminated_messages(pods: Sequence[Mapping[str, Any]], phase: str) -> list[str]:
-    """Termination messages of the probe container, newest pod first."""
-    chosen = [p for p in pods if (p.get("status") or {}).get("phase") == phase]
-    chosen.sort(key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True)
-    out = []
-    for pod in chosen:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or ():
-            terminated = (cs.get("state") or {}).get("terminated") or {}
-            if terminated.get("message"):
-                out.append(str(terminated["message"]))
-    return out
-
-
 def parse_result(message: str) -> api.ProbeResult:
     """The probe's JSON (snake_case keys, as the runtime writes it). Raises ValueError."""
     try:
@@ -162,11 +141,6 @@ def parse_result(message: str) -> api.ProbeResult:
         raise ValueError(f"probe output has unexpected fields: {e.errors()[0]['msg']}") from e
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _MESSAGE_TAIL else "..." + text[-_MESSAGE_TAIL:]
-
-
 def _failure_detail(messages: Sequence[str]) -> str:
     """Prefer the probe's own JSON error; fall back to the (log) message."""
     for message in messages:
@@ -175,25 +149,25 @@ def _failure_detail(messages: Sequence[str]) -> str:
         except json.JSONDecodeError:
             continue
         if isinstance(data, dict) and data.get("error"):
-            return _tail(str(data["error"]))
-    return _tail(messages[0]) if messages else "no termination message"
+            return jobs.tail(str(data["error"]))
+    return jobs.tail(messages[0]) if messages else "no termination message"
 
 
 def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> ProbeOutcome:
     """Where the probe Job stands, from the Job and its pods (pure)."""
     if job is None:
         return ProbeOutcome("Pending")
-    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
-    if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
-        messages = _terminated_messages(pods, "Succeeded")
+    failed = jobs.failed(job)
+    if jobs.succeeded(job):
+        messages = jobs.terminated_messages(pods, "Succeeded")
         if not messages:
             return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message="the probe pod left no termination message")
         try:
             return ProbeOutcome("Succeeded", result=parse_result(messages[0]))
         except ValueError as e:
-            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message=f"{e}: {_tail(messages[0])}")
+            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message=f"{e}: {jobs.tail(messages[0])}")
     if failed is not None:
-        detail = _failure_detail(_terminated_messages(pods, "Failed"))
+        detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))
         if failed.get("reason") == "DeadlineExceeded":
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
             return ProbeOutcome("Failed", reason="ProbeTimedOut", message=f"the probe did not finish within {deadline}s ({detail})")

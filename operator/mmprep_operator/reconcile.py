@@ -33,14 +33,14 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, children, pools, probe, render, status
+from mmprep_operator import api, calibration, children, jobs, pools, probe, render, status
 from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.naming import short_hash
 from mmprep_operator.nodes import NodeFacts
-from mmprep_operator.plan import make_plan
+from mmprep_operator.plan import Plan, make_plan
 
 log = logging.getLogger("mmprep.operator.reconcile")
 
@@ -92,6 +92,8 @@ class Reconciler:
     metrics: Metrics
     clock: Callable[[], dt.datetime] = utcnow
     probe_cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
+    #: Settled calibrations per (namespace, calibration hash); also kept in each resource's status.
+    calibration_cache: dict[tuple[str, str], api.PoolCalibration] = dataclasses.field(default_factory=dict)
     #: Names this operator instance in the Events it posts (the pod name in a cluster).
     instance: str = dataclasses.field(default_factory=socket.gethostname)
     #: Children as the watch shows them (fed by the controller); lets unchanged applies be skipped.
@@ -220,6 +222,19 @@ class Reconciler:
 
         pooling = self._pooling(spec)
         plan = make_plan(owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling)
+        calibrations: dict[str, api.PoolCalibration] = {}
+        calibrating = False
+        if calibration.wanted(spec, self.policy):
+            recalibrate = (meta.get("annotations") or {}).get(calibration.ANNOTATION_RECALIBRATE)
+            calibrations = await self._calibrate(owner, spec, plan, previous, recalibrate, fresh=fresh)
+            measured = {
+                pool: c.chosen_workers for pool, c in calibrations.items() if c.state == "Succeeded" and c.chosen_workers
+            }
+            calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
+            if measured:
+                plan = make_plan(
+                    owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling, measured=measured
+                )
         problem = plan.problem
 
         def observed(deployments: dict[str, status.DeploymentState], problem: status.Problem | None) -> status.Observation:
@@ -232,6 +247,7 @@ class Reconciler:
                 deployment_names=plan.deployment_names,
                 replicas=plan.replicas,
                 deployments=deployments,
+                calibrations=calibrations,
             )
 
         if previous is not None and previous.pools and not all(self.children.unchanged_since_apply(obj) for obj in plan.objects):
@@ -285,7 +301,12 @@ class Reconciler:
             else:
                 problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
         await self._report(owner, body, previous, observed(deployments, problem), fresh=fresh)
-        return Outcome("error" if failed else "done")
+        if failed:
+            return Outcome("error")
+        if calibrating:
+            # The Job's own events bring the result; this is the net under a lost watch event.
+            return Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
+        return Outcome("done")
 
     # ---------------------------------------------------------------------------------- probe
 
@@ -336,6 +357,80 @@ class Reconciler:
         return api.ProbeStatus(
             hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
         )
+
+    # ---------------------------------------------------------------------------- calibration
+
+    async def _calibrate(
+        self,
+        owner: render.Owner,
+        spec: api.MultimodalPreprocessorSpec,
+        rule_plan: Plan,
+        previous: api.MultimodalPreprocessorStatus | None,
+        recalibrate: str | None,
+        *,
+        fresh: bool,
+    ) -> dict[str, api.PoolCalibration]:
+        """Each pool's calibration: settled ones from status or memory, the others from their Job.
+
+        ``rule_plan`` is the plan without measurements: a pool whose count a rule above
+        ``Measured`` decides (cloneability, an explicit count, an override) is not measured.
+        """
+        before = {p.name: p.calibration for p in (previous.pools if previous is not None else ()) if p.calibration}
+        out: dict[str, api.PoolCalibration] = {}
+        for d in rule_plan.decisions:
+            pool = d.pool
+            hash_ = calibration.calibration_hash(spec, self.policy, pool, recalibrate)
+            skip = calibration.not_needed_reason(d.decision)
+            unavailable = calibration.unavailable_reason(spec, self.policy, pool)
+            if skip is not None:
+                out[pool.name] = api.PoolCalibration(hash=hash_, state="NotNeeded", reason=calibration.NOT_NEEDED, message=skip)
+            elif unavailable is not None:
+                out[pool.name] = api.PoolCalibration(
+                    hash=hash_, state="Unavailable", reason=calibration.UNAVAILABLE, message=unavailable
+                )
+            else:
+                out[pool.name] = await self._calibration_of(owner, spec, pool, hash_, before.get(pool.name), fresh=fresh)
+        return out
+
+    async def _calibration_of(
+        self,
+        owner: render.Owner,
+        spec: api.MultimodalPreprocessorSpec,
+        pool: pools.Pool,
+        hash_: str,
+        previous: api.PoolCalibration | None,
+        *,
+        fresh: bool,
+    ) -> api.PoolCalibration:
+        key = (owner.namespace, hash_)
+        if previous is not None and previous.hash == hash_ and calibration.settled(previous.state):
+            self.calibration_cache.setdefault(key, previous)
+            return previous
+        if (cached := self.calibration_cache.get(key)) is not None:
+            return cached
+        if not fresh:
+            raise _Stale  # the Job is read (and maybe created) only for a freshly read spec
+        name = calibration.job_name(hash_)
+        job = await self.api.get_job(owner.namespace, name)
+        if job is None:
+            node = calibration.node_for(pool)
+            assert node is not None  # unavailable_reason() rules out a pool without nodes
+            job = await self.api.create_job(calibration.render_job(owner, spec, self.policy, pool, node, hash_))
+            if any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ()):
+                log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
+        else:
+            await self._share_job(owner, job)
+        selector = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
+        pods = await self.api.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
+        outcome = calibration.read_outcome(job, pods)
+        result = calibration.pool_calibration(
+            hash_, outcome, job=name, node=selector.get(calibration.HOSTNAME_LABEL), measured_at=status.timestamp(self.clock())
+        )
+        if calibration.settled(result.state):
+            self.calibration_cache[key] = result
+            while len(self.calibration_cache) > _PROBE_CACHE_SIZE:
+                self.calibration_cache.pop(next(iter(self.calibration_cache)))
+        return result
 
     async def _share_job(self, owner: render.Owner, job: Mapping[str, Any]) -> None:
         """Add the resource as an owner of a probe Job another resource created (GC needs all owners gone)."""

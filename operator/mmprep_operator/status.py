@@ -60,6 +60,7 @@ class Observation:
     deployment_names: Mapping[str, str] = dataclasses.field(default_factory=dict)  # pool -> Deployment
     replicas: Mapping[str, int] = dataclasses.field(default_factory=dict)  # pool -> desired
     deployments: Mapping[str, DeploymentState] = dataclasses.field(default_factory=dict)  # Deployment -> state
+    calibrations: Mapping[str, api.PoolCalibration] = dataclasses.field(default_factory=dict)  # pool -> calibration
 
 
 def timestamp(now: datetime) -> str:
@@ -128,6 +129,7 @@ def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
         deployment=deployment,
         replicas=obs.replicas.get(d.pool.name, 0),
         ready_replicas=state.ready_replicas,
+        calibration=obs.calibrations.get(d.pool.name),
     )
 
 
@@ -201,7 +203,17 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         path_summary=",".join(sorted({p.path for p in pools})) or None,
         worker_summary=",".join(f"{p.gpu_model or p.name}={p.processor_workers}" for p in pools) or None,
         ready_summary=f"{ready}/{desired}" if pools else None,
+        calibration_summary=_calibration_summary(pools),
     )
+
+
+def _calibration_summary(pools: Sequence[api.PoolStatus]) -> str | None:
+    """"measured/calibrated" pools, e.g. "1/2" (None when calibration is off)."""
+    calibrated = [p.calibration for p in pools if p.calibration is not None]
+    if not calibrated:
+        return None
+    measured = sum(1 for c in calibrated if c.state == "Succeeded")
+    return f"{measured}/{len(calibrated)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +233,15 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         key = (pool.path, pool.processor_workers, pool.io_workers, pool.reason)
         if old is None or (old.path, old.processor_workers, old.io_workers, old.reason) != key:
             out.append(EventSpec("Normal", "Decided", pool.message))
+    for pool in new.pools:
+        cal, old_cal = pool.calibration, (old_pools[pool.name].calibration if pool.name in old_pools else None)
+        if cal is None or (old_cal is not None and (old_cal.hash, old_cal.state) == (cal.hash, cal.state)):
+            continue
+        if cal.state == "Succeeded":
+            curve = ", ".join(f"{p.workers}: {p.req_per_s:g} req/s" for p in cal.curve)
+            out.append(EventSpec("Normal", "Calibrated", f"pool {pool.name}: {cal.message} ({curve})"))
+        elif cal.state in ("Failed", "Unavailable"):
+            out.append(EventSpec("Warning", cal.reason, f"pool {pool.name}: {cal.message}; the rule's count stays"))
     for name in sorted(set(old_pools) - {p.name for p in new.pools}):
         out.append(EventSpec("Normal", "PoolRemoved", f"pool {name} has no eligible nodes any more; its Deployment is deleted"))
 

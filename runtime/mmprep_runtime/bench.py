@@ -267,7 +267,7 @@ def measure_dispatch(running: engine.Engine, duration: float) -> dict[str, float
     }
 
 
-def _merge(parts: list[Measurement]) -> Measurement:
+def merge(parts: list[Measurement]) -> Measurement:
     first = parts[0]
     return Measurement(
         first.label, first.workers, first.intra_op_threads,
@@ -323,13 +323,13 @@ def run(
     finally:
         for running in engines.values():
             running.close()
-    direct = _merge(direct_parts).summary()
+    direct = merge(direct_parts).summary()
     if direct["requests"]:
         direct_us = direct["seconds"] / direct["requests"] * 1e6
         dispatch["share_of_direct_call"] = round(dispatch["us_per_job"] / direct_us, 4)
     results = []
     for count in workers:
-        summary = _merge(pool_parts[count]).summary()
+        summary = merge(pool_parts[count]).summary()
         summary["reason"] = reasons[count]
         results.append(summary)
     one = next((r for r in results if r["workers"] == 1), None)

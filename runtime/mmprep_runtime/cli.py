@@ -88,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
+    calibrate = commands.add_parser("calibrate", help="measure worker counts 1..N here and choose one (operator Jobs)")
+    _add_model_arguments(calibrate)
+    calibrate.add_argument("--max-workers", type=_positive_int, default=8,
+                           help="largest worker count to measure (also capped by the CPUs this process may use)")
+    calibrate.add_argument("--image", default="1280x960",
+                           help="comma-separated synthetic image sizes WxH, rotated through (default 1280x960)")
+    calibrate.add_argument("--samples", default=None,
+                           help="a folder of sample images (jpg/png/webp) to rotate through instead of synthetic ones")
+    calibrate.add_argument("--duration", type=float, default=12.0, help="seconds of load per worker count")
+    calibrate.add_argument("--rounds", type=int, default=3, help="interleaved rounds the duration is split into")
+    calibrate.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load per count first")
+    calibrate.add_argument("--tolerance", type=float, default=0.05,
+                           help="choose the fewest workers within this fraction of the best throughput")
+    calibrate.add_argument("--termination-log", default=None,
+                           help="also write the JSON report here (Kubernetes terminationMessagePath)")
+
     make = commands.add_parser("make-model", help="build a real processor folder offline (tests, demos)")
     make.add_argument("--kind", required=True, help="qwen2-vl, llava, whisper, tokenizer or uncloneable")
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
@@ -111,7 +127,7 @@ def _prefer_passive_openmp() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("serve", "bench"):
+    if args.command in ("serve", "bench", "calibrate"):
         _prefer_passive_openmp()
         from mmprep_runtime import memory
 
@@ -136,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmprep_runtime import bench
 
         return bench.main(args)
+    if args.command == "calibrate":
+        from mmprep_runtime import calibrate
+
+        return calibrate.main(args)
     from mmprep_runtime import serve
 
     return serve.main(args)

@@ -32,6 +32,7 @@ class Reason(str, enum.Enum):
     NOT_CLONEABLE = "NotCloneable"
     EXPLICIT = "Explicit"
     OVERRIDE = "Override"
+    MEASURED = "Measured"
     GPU_PATH_CAP = "GPUPathCap"
     MODEL_DECLARED = "ModelDeclared"
     CPU_PATH_DEFAULT = "CPUPathDefault"
@@ -122,17 +123,22 @@ def decide_workers(
     declared: int | None = None,
     explicit_io: int | None = None,
     cloneable_error: str | None = None,
+    measured: int | None = None,
 ) -> WorkerDecision:
-    """First match wins: NotCloneable, Explicit, Override, GPUPathCap, ModelDeclared, CPUPathDefault.
+    """First match wins: NotCloneable, Explicit, Override, Measured, GPUPathCap, ModelDeclared,
+    CPUPathDefault.
 
     ``override`` is a per-GPU-product (or family) number from the spec or the operator's policy;
-    ``declared`` is what the model's own config says it measured. ``cloneable_error`` only enriches
-    the message of the NotCloneable case.
+    ``measured`` is what a calibration run on the pool's own hardware chose: a measurement beats
+    the path rules (they are defaults derived from other machines), but not what a person asked
+    for. ``declared`` is what the model's own config says it measured. ``cloneable_error`` only
+    enriches the message of the NotCloneable case.
     """
     path = Path(path)
     explicit = _check_count("explicit processor workers", explicit)
     override = _check_count("override processor workers", override)
     declared = _check_count("declared processor workers", declared)
+    measured = _check_count("measured processor workers", measured)
     io_workers = _check_count("explicit io workers", explicit_io) or DEFAULT_IO_WORKERS
 
     def made(workers: int, reason: Reason, message: str, not_honoured: int | None = None) -> WorkerDecision:
@@ -153,6 +159,8 @@ def decide_workers(
         return made(explicit, Reason.EXPLICIT, f"{explicit} worker(s) asked for explicitly")
     if override is not None:
         return made(override, Reason.OVERRIDE, f"{override} worker(s) from a per-GPU override")
+    if measured is not None:
+        return made(measured, Reason.MEASURED, f"{path.value} path: the count a calibration run measured best on this pool's hardware")
     if path is Path.GPU:
         declared_note = (
             f"; the model declares {declared}, capped because a second worker contends for the device"

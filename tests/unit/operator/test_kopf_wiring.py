@@ -73,7 +73,7 @@ async def test_startup_filters_children_on_the_server_and_starts_the_workers() -
     assert selectors == {
         ("apps", "deployments"): "app.kubernetes.io/managed-by=mmprep-operator",
         ("", "services"): "app.kubernetes.io/managed-by=mmprep-operator",
-        ("batch", "jobs"): "app.kubernetes.io/component=probe,app.kubernetes.io/managed-by=mmprep-operator",
+        ("batch", "jobs"): "app.kubernetes.io/managed-by=mmprep-operator,app.kubernetes.io/component in (calibration,probe)",
     }
     assert settings.posting.level == logging.WARNING
     assert StubState.started_with() == ["facts-a"]  # reads the live kopf index

@@ -1,0 +1,295 @@
+"""Calibration Jobs: measure a pool's worker count on one of its own nodes.
+
+The decision's path rules are defaults learned on other machines (a second worker gained 36% on
+one GPU's CPU path and halved throughput on another's GPU path). A calibration Job runs
+``mmprep-runtime calibrate`` on one node of a pool, with the runtime pods' image, model, backend,
+device, resources and placement, and reports a measured curve and the count it chose through its
+termination message (the format is ``mmprep_runtime.calibration.Report``, shared with the
+runtime). The count enters the decision as ``Measured``: below cloneability, explicit counts and
+overrides, above the path rules.
+
+A measurement depends on the GPU product, the image, the model (and revision), backend, device,
+the pods' resources and the policy's measuring settings; their hash names the Job, so pools
+that share all of them (within a namespace) share one run, and any change measures again. The
+annotation ``mmprep.dev/recalibrate`` (any value) joins the hash, to measure again on request.
+
+Serving never waits for a calibration: pools start with the rule's count, and the pods roll only
+when the measured count differs. A failed, timed-out or impossible calibration leaves the rule's
+count in place with a reason in the pool's status.
+
+Pure: the reconciler does the I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from mmprep_runtime import calibration as runtime_calibration
+from mmprep_runtime.policy import Reason, WorkerDecision
+
+from mmprep_operator import api, jobs, naming, render
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.pools import Pool
+
+LABEL_COMPONENT_CALIBRATION: Final = "calibration"
+LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
+LABEL_POOL: Final = "mmprep.dev/pool"
+ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+TERMINATION_LOG: Final = "/dev/termination-log"
+
+MEASURED, PENDING, FAILED, UNAVAILABLE, NOT_NEEDED = (
+    "Measured",
+    "CalibrationPending",
+    "CalibrationFailed",
+    "CalibrationUnavailable",
+    "CalibrationNotNeeded",
+)
+
+
+def wanted(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> bool:
+    """The resource's own ``workers.calibrate`` wins; unset, the policy's mode decides."""
+    if spec.workers.calibrate is not None:
+        return spec.workers.calibrate
+    return policy.calibration.mode == "auto"
+
+
+def cpu_cores(quantity: api.Quantity | None) -> float | None:
+    """A CPU quantity ("2", 2, "1500m", "0.5") in cores; None when absent or unreadable."""
+    if quantity is None:
+        return None
+    text = str(quantity).strip()
+    try:
+        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        return None
+
+
+def max_workers(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> int:
+    """N: the pod's whole CPUs (limit, else request), capped by the policy.
+
+    Without either the runtime caps N by the CPUs it finds on the node. Fractions round down: a
+    worker is one thread that wants a whole core.
+    """
+    cap = policy.calibration.max_workers
+    cores = cpu_cores(spec.resources.limits.get("cpu"))
+    if cores is None:
+        cores = cpu_cores(spec.resources.requests.get("cpu"))
+    if cores is None:
+        return cap
+    return max(1, min(cap, math.floor(cores)))
+
+
+def calibration_inputs(
+    spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, recalibrate: str | None = None
+) -> dict[str, Any]:
+    settings = policy.calibration
+    gpu = pool.gpu
+    return {
+        "gpu": gpu.product if gpu is not None else None,
+        "pool": pool.key,
+        "image": render.image_of(spec, policy),
+        "args": render.model_args(spec),
+        "device": spec.device.value,
+        "resources": spec.resources.wire(),
+        "env": render.model_env(spec),
+        "measure": [settings.tolerance, max_workers(spec, policy), settings.seconds_per_count, settings.image_sizes],
+        "recalibrate": recalibrate,
+    }
+
+
+def calibration_hash(
+    spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, recalibrate: str | None = None
+) -> str:
+    canonical = json.dumps(calibration_inputs(spec, policy, pool, recalibrate), sort_keys=True, separators=(",", ":"))
+    return naming.short_hash(canonical, 16)
+
+
+def job_name(hash_: str) -> str:
+    return f"mmprep-calibrate-{hash_}"
+
+
+def node_for(pool: Pool) -> str | None:
+    """The node the Job measures on: the first by name, so every pass picks the same one."""
+    return min(pool.nodes) if pool.nodes else None
+
+
+def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str]:
+    settings = policy.calibration
+    args = ["mmprep-runtime", "calibrate", *render.model_args(spec)]
+    if spec.device.value != "auto":
+        args += ["--device", spec.device.value]
+    return [
+        *args,
+        "--max-workers", str(max_workers(spec, policy)),
+        "--duration", f"{settings.seconds_per_count:g}",
+        "--image", ",".join(settings.image_sizes),
+        "--tolerance", f"{settings.tolerance:g}",
+        "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+
+
+def render_job(
+    owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, node: str, hash_: str
+) -> dict[str, Any]:
+    """The calibration Job: the runtime pod's container and placement, pinned to ``node``."""
+    labels = {
+        render.LABEL_NAME: "mmprep-runtime",
+        render.LABEL_COMPONENT: LABEL_COMPONENT_CALIBRATION,
+        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        LABEL_CALIBRATION_HASH: hash_,
+        LABEL_POOL: pool.name,
+    }
+    volumes, mounts = render.model_volumes(spec)
+    container: dict[str, Any] = {
+        "name": "calibrate",
+        "image": render.image_of(spec, policy),
+        "command": command(spec, policy),
+        "env": render.model_env(spec),
+        # The pods' own resources: the measurement is only true for what a pod gets.
+        "resources": spec.resources.wire(),
+        "volumeMounts": mounts,
+        "securityContext": render.container_security_context(),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if (pull := render.pull_policy_of(spec, policy)) is not None:
+        container["imagePullPolicy"] = pull
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": render.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        # The pool's own constraints plus the one node: the scheduler still checks resources and
+        # taints, so a node that cannot take the pod leaves the Job pending until its deadline.
+        "nodeSelector": {**spec.node_selector, **pool.node_selector, HOSTNAME_LABEL: node},
+    }
+    if spec.tolerations:
+        pod_spec["tolerations"] = list(spec.tolerations)
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    meta: dict[str, Any] = {"name": job_name(hash_), "namespace": owner.namespace, "labels": labels}
+    if owner.uid:
+        meta["ownerReferences"] = [owner.reference(controller=False)]
+    settings = policy.calibration
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            # A measurement that failed once would fail (or mislead) again: fall back at once.
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": settings.timeout_seconds,
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def not_needed_reason(decision: WorkerDecision) -> str | None:
+    """Why a measurement could not change this pool's count: a rule above Measured decided it."""
+    if decision.reason is Reason.NOT_CLONEABLE:
+        return "the processor cannot be deep-copied, so 1 worker serves whatever a measurement says"
+    if decision.reason is Reason.EXPLICIT:
+        return f"spec.workers.processor asks for {decision.processor_workers} worker(s), which wins over a measurement"
+    if decision.reason is Reason.OVERRIDE:
+        return "a per-GPU override decides this pool, and it wins over a measurement"
+    return None
+
+
+def unavailable_reason(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool) -> str | None:
+    """Why no measurement can be made here at all."""
+    if not pool.nodes:
+        return "the pool has no node to measure on"
+    if max_workers(spec, policy) < 2:
+        return "each pod gets less than 2 CPUs (resources.limits/requests.cpu), so there is no worker count to compare with 1"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    state: api.CalibrationState
+    report: runtime_calibration.Report | None = None
+    reason: str = PENDING
+    message: str = ""
+
+
+def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> Outcome:
+    """Where the calibration Job stands, from the Job and its pods (pure)."""
+    if job is None:
+        return Outcome("Pending", message="the calibration Job is being created")
+    if jobs.succeeded(job):
+        messages = jobs.terminated_messages(pods, "Succeeded")
+        if not messages:
+            return Outcome(
+                "Failed",
+                reason=FAILED,
+                message="the calibration pod finished with no report in its termination message "
+                "(a node that runs no containers, e.g. a simulated one, leaves none)",
+            )
+        try:
+            report = runtime_calibration.parse_report(messages[0])
+        except runtime_calibration.CalibrationError as e:
+            return Outcome("Failed", reason=FAILED, message=f"{e}: {jobs.tail(messages[0])}")
+        if report.error is not None or report.chosen is None:
+            return Outcome("Failed", report=report, reason=FAILED, message=f"the calibration could not measure: {report.error}")
+        return Outcome("Succeeded", report=report, reason=MEASURED)
+    failed = jobs.failed(job)
+    if failed is not None:
+        detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))
+        if failed.get("reason") == "DeadlineExceeded":
+            deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            return Outcome("Failed", reason=FAILED, message=f"the calibration did not finish within {deadline}s ({detail})")
+        return Outcome("Failed", reason=FAILED, message=f"the calibration run failed: {detail}")
+    active = (job.get("status") or {}).get("active") or 0
+    return Outcome("Running" if active else "Pending", message="measuring" if active else "waiting for the calibration pod")
+
+
+def _failure_detail(messages: Sequence[str]) -> str:
+    for message in messages:
+        try:
+            report = runtime_calibration.parse_report(message)
+        except runtime_calibration.CalibrationError:
+            continue
+        if report.error:
+            return jobs.tail(report.error)
+    return jobs.tail(messages[0]) if messages else "no termination message"
+
+
+def pool_calibration(
+    hash_: str, outcome: Outcome, *, job: str | None, node: str | None, measured_at: str | None
+) -> api.PoolCalibration:
+    """The status entry for one pool's calibration."""
+    report = outcome.report
+    curve = [
+        api.CalibrationPoint(workers=p.workers, req_per_s=p.req_per_s, p50_ms=p.p50_ms, p99_ms=p.p99_ms)
+        for p in (report.curve if report is not None else ())
+    ]
+    message = outcome.message
+    if outcome.state == "Succeeded" and report is not None and report.chosen is not None:
+        best = report.best if report.best is not None else report.chosen
+        best_rate = next((p.req_per_s for p in report.curve if p.workers == best), 0.0)
+        message = runtime_calibration.Choice(report.chosen, best, best_rate, report.tolerance).explanation()
+        message += f", measured on node {node}" if node else ""
+    return api.PoolCalibration(
+        hash=hash_,
+        job=job,
+        state=outcome.state,
+        reason=outcome.reason,
+        message=message,
+        node=node,
+        measured_at=measured_at if outcome.state in ("Succeeded", "Failed") else None,
+        curve=curve,
+        chosen_workers=report.chosen if report is not None and outcome.state == "Succeeded" else None,
+        tolerance=report.tolerance if report is not None else None,
+    )
+
+
+def settled(state: api.CalibrationState) -> bool:
+    """A state that stays until something the hash covers changes."""
+    return state in ("Succeeded", "Failed", "Unavailable", "NotNeeded")

@@ -1,0 +1,174 @@
+"""``mmprep-runtime calibrate``: measure worker counts 1..N on this machine and choose one.
+
+The operator runs this in a Job on one node of a pool, with the pool's own image, model,
+backend, device, resources and placement, and reads the report from the termination message
+(``calibration.Report``). It is ``bench``'s closed loop, measured the way a pod serves: every job
+decodes its image (decoding is part of a request's CPU cost), images rotate through a set
+(synthetic photos at the given sizes, or sample files from a folder), and the counts are measured
+in interleaved rounds so background load on the node hits all of them alike.
+
+N is the smaller of ``--max-workers`` and the CPUs this process may use (the pod's CPU limit
+shows up as a cgroup quota): more workers than CPUs cannot be faster on the CPU path, and on the
+GPU path the curve shows whether a second one is (the device's own contention is what is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import pathlib
+import sys
+from typing import Any, Final
+
+from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, loading, pipeline, testing_media
+from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
+
+EXIT_USAGE: Final = 2
+EXIT_FAILED: Final = 1
+SAMPLE_SUFFIXES: Final = (".jpg", ".jpeg", ".png", ".webp")
+MAX_SAMPLES: Final = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Encoded images and where they came from (for the report)."""
+
+    images: tuple[bytes, ...]
+    names: tuple[str, ...]
+
+
+def synthetic_inputs(sizes: list[tuple[int, int]]) -> Inputs:
+    return Inputs(
+        tuple(testing_media.jpeg(w, h, seed=i) for i, (w, h) in enumerate(sizes)),
+        tuple(f"{w}x{h}" for w, h in sizes),
+    )
+
+
+def sample_inputs(folder: pathlib.Path) -> Inputs:
+    """Up to MAX_SAMPLES image files from ``folder`` (sorted, so every run uses the same set)."""
+    if not folder.is_dir():
+        raise bench.BenchError(f"--samples {folder} is not a folder")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)[:MAX_SAMPLES]
+    if not files:
+        raise bench.BenchError(f"--samples {folder} holds no {'/'.join(SAMPLE_SUFFIXES)} files")
+    return Inputs(tuple(p.read_bytes() for p in files), tuple(p.name for p in files))
+
+
+class RotatingWorkload:
+    """One request per job, each decoding the next image of the set, as a pod would serve it."""
+
+    def __init__(self, facts: loading.ProcessorFacts, inputs: Inputs) -> None:
+        self._facts = facts
+        self._images = inputs.images
+        self._text = "Describe this picture in one sentence."
+        if facts.image_token:
+            self._text = f"{self._text} {facts.image_token}"
+        # next() on itertools.count is atomic under the GIL: workers share it without a lock.
+        self._next = itertools.count()
+        self._max_pixels = Limits().max_image_pixels
+        for i, data in enumerate(self._images):  # a sample that does not decode fails now, not mid-run
+            decoding.decode_image(data, f"sample {inputs.names[i]}", max_pixels=self._max_pixels, layout=facts.image_layout)
+
+    def job(self, processor: Any) -> None:
+        data = self._images[next(self._next) % len(self._images)]
+        image = decoding.decode_image(data, "image", max_pixels=self._max_pixels, layout=self._facts.image_layout)
+        pipeline.process(processor, pipeline.PreprocessRequest(self._text, (image,), ()), self._facts)
+
+
+def measure(
+    settings: loading.ModelSettings,
+    inputs: Inputs,
+    counts: list[int],
+    *,
+    duration: float,
+    rounds: int,
+    warmup: float,
+    tolerance: float,
+) -> calibration.Report:
+    processor, facts = loading.load_processor(settings)
+    if facts.takes_images:
+        job = RotatingWorkload(facts, inputs).job
+        names = inputs.names
+    else:  # audio or text only: bench's fixed request is representative enough
+        job = bench.build_workload(facts, (64, 48), decode=False).job
+        names = ()
+    del processor  # each engine loads and clones its own; this copy only told us the facts
+    engines: dict[int, engine.Engine] = {}
+    parts: dict[int, list[bench.Measurement]] = {c: [] for c in counts}
+    try:
+        for count in counts:
+            engines[count] = engine.start_engine(settings, processor_workers=count)
+        for running in engines.values():
+            if warmup > 0:
+                bench.measure_pool(running, job, warmup, False)
+        for _ in range(rounds):
+            for count, running in engines.items():
+                parts[count].append(bench.measure_pool(running, job, duration / rounds, False))
+    finally:
+        for running in engines.values():
+            running.close()
+    curve = []
+    for count in counts:
+        summary = bench.merge(parts[count]).summary()
+        curve.append(
+            calibration.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"])
+        )
+    choice = calibration.choose(curve, tolerance)
+    return calibration.Report(
+        curve=tuple(curve),
+        chosen=choice.workers,
+        best=choice.best_workers,
+        tolerance=tolerance,
+        usable_cpus=cpus.usable_cpus(),
+        images=names,
+        seconds_per_count=duration,
+    )
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    sizes = [bench.parse_size(part.strip()) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise bench.BenchError(f"--image must list WIDTHxHEIGHT sizes, got {text!r}")
+    return sizes
+
+
+def _write(text: str, termination_log: str | None) -> bool:
+    print(text)
+    if termination_log:
+        try:
+            pathlib.Path(termination_log).write_text(text)
+        except OSError as exc:
+            print(f"mmprep-runtime calibrate: cannot write {termination_log}: {exc}", file=sys.stderr)
+            return False
+    return True
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = model_settings_from_args(args, os.environ)
+        if args.duration <= 0 or args.rounds < 1:
+            raise bench.BenchError("--duration must be positive and --rounds at least 1")
+        if not 0 <= args.tolerance < 1:
+            raise bench.BenchError(f"--tolerance must be in [0, 1), got {args.tolerance}")
+        inputs = sample_inputs(pathlib.Path(args.samples)) if args.samples else synthetic_inputs(_sizes(args.image))
+    except (SettingsError, bench.BenchError) as exc:
+        print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
+        _write(calibration.Report(error=str(exc)).to_json(), args.termination_log)
+        return EXIT_USAGE
+    counts = calibration.worker_counts(min(args.max_workers, cpus.usable_cpus()))
+    try:
+        report = measure(
+            settings, inputs, counts, duration=args.duration, rounds=args.rounds, warmup=args.warmup,
+            tolerance=args.tolerance,
+        )
+    except (loading.ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
+        print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
+        _write(calibration.Report(error=str(exc)).to_json(), args.termination_log)
+        return EXIT_FAILED
+    for point in report.curve:
+        print(f"{point.workers} worker(s): {point.req_per_s:.1f} req/s, p50 {point.p50_ms} ms, p99 {point.p99_ms} ms",
+              file=sys.stderr)
+    print(f"chosen: {report.chosen} (best {report.best}, tolerance {report.tolerance:.0%})", file=sys.stderr)
+    return 0 if _write(report.to_json(), args.termination_log) else EXIT_FAILED

@@ -1,0 +1,170 @@
+"""Calibration: choosing a worker count from a measured curve, and the report that carries it.
+
+A calibration run (``mmprep-runtime calibrate``, in a Job on one node of a pool) measures
+throughput at processor worker counts 1..N on that node and picks a count with ``choose``. The
+report travels to the operator as the Job's termination message; both halves parse it with
+``parse_report`` here, so its format is defined once.
+
+Import-light like ``policy``: the operator imports this module and carries no torch.
+
+Why "the smallest count within a tolerance of the best": a worker costs a processor copy (memory)
+and, on the GPU path, contention for the device the model runs on. A count that measures 2% above
+a smaller one on a noisy machine has not earned its cost, so the smaller count wins unless the
+larger one is clearly (more than ``tolerance``) better.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS
+
+DEFAULT_TOLERANCE: Final = 0.05
+#: Kubernetes keeps at most 4096 bytes of a termination message.
+MAX_REPORT_BYTES: Final = 4096
+
+
+class CalibrationError(ValueError):
+    """A curve no choice can be made from, or a report that cannot be read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvePoint:
+    workers: int
+    req_per_s: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    workers: int
+    best_workers: int
+    best_req_per_s: float
+    tolerance: float
+
+    def explanation(self) -> str:
+        if self.workers == self.best_workers:
+            return f"{self.workers} worker(s) measured fastest ({self.best_req_per_s:g} req/s)"
+        return (
+            f"{self.workers} worker(s): the fewest within {self.tolerance:.0%} of the best "
+            f"({self.best_workers} worker(s), {self.best_req_per_s:g} req/s)"
+        )
+
+
+def choose(curve: Sequence[CurvePoint], tolerance: float = DEFAULT_TOLERANCE) -> Choice:
+    """The smallest worker count whose throughput is within ``tolerance`` of the best one.
+
+    Ties go to fewer workers by construction. Raises ``CalibrationError`` for a curve that
+    cannot be judged (empty, repeated counts, no positive throughput).
+    """
+    if not 0 <= tolerance < 1:
+        raise CalibrationError(f"tolerance must be in [0, 1), got {tolerance}")
+    if not curve:
+        raise CalibrationError("the curve has no points")
+    counts = [p.workers for p in curve]
+    if len(set(counts)) != len(counts):
+        raise CalibrationError(f"the curve measures a worker count twice: {sorted(counts)}")
+    if any(not MIN_WORKERS <= c <= MAX_WORKERS for c in counts):
+        raise CalibrationError(f"worker counts must be between {MIN_WORKERS} and {MAX_WORKERS}: {sorted(counts)}")
+    usable = [p for p in curve if math.isfinite(p.req_per_s) and p.req_per_s > 0]
+    if not usable:
+        raise CalibrationError("no worker count completed a request")
+    best = max(usable, key=lambda p: (p.req_per_s, -p.workers))
+    floor = best.req_per_s * (1 - tolerance)
+    chosen = min((p for p in usable if p.req_per_s >= floor), key=lambda p: p.workers)
+    return Choice(chosen.workers, best.workers, best.req_per_s, tolerance)
+
+
+def worker_counts(max_workers: int) -> list[int]:
+    """1..max_workers, bounded by the decision's limits."""
+    top = max(MIN_WORKERS, min(MAX_WORKERS, max_workers))
+    return list(range(MIN_WORKERS, top + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a calibration run answers; ``error`` set means it could not measure."""
+
+    curve: tuple[CurvePoint, ...] = ()
+    chosen: int | None = None
+    best: int | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    usable_cpus: int | None = None
+    images: tuple[str, ...] = ()
+    seconds_per_count: float | None = None
+    error: str | None = None
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "curve": [
+                {"workers": p.workers, "reqPerS": p.req_per_s, "p50Ms": p.p50_ms, "p99Ms": p.p99_ms} for p in self.curve
+            ],
+            "chosen": self.chosen,
+            "best": self.best,
+            "tolerance": self.tolerance,
+            "usableCpus": self.usable_cpus,
+            "images": list(self.images),
+            "secondsPerCount": self.seconds_per_count,
+            "error": self.error,
+        }
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) > MAX_REPORT_BYTES:
+            # Only a very long error or image list gets here; the curve (<= 64 short points) fits.
+            data["images"] = data["images"][:4]
+            data["error"] = None if self.error is None else self.error[:500]
+            text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        return text
+
+
+def _number(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CalibrationError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+def parse_report(text: str) -> Report:
+    """The report as the runtime wrote it; raises ``CalibrationError`` naming what is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CalibrationError(f"calibration output is not JSON: {e.msg}") from e
+    if not isinstance(data, Mapping):
+        raise CalibrationError("calibration output is not a JSON object")
+    raw_curve = data.get("curve") or []
+    if not isinstance(raw_curve, list):
+        raise CalibrationError("calibration curve is not a list")
+    curve = []
+    for raw in raw_curve:
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("workers"), int):
+            raise CalibrationError(f"calibration curve point is malformed: {raw!r}")
+        curve.append(
+            CurvePoint(
+                workers=int(raw["workers"]),
+                req_per_s=_number(raw.get("reqPerS"), "reqPerS") or 0.0,
+                p50_ms=_number(raw.get("p50Ms"), "p50Ms"),
+                p99_ms=_number(raw.get("p99Ms"), "p99Ms"),
+            )
+        )
+    chosen = data.get("chosen")
+    if chosen is not None and (isinstance(chosen, bool) or not isinstance(chosen, int) or not MIN_WORKERS <= chosen <= MAX_WORKERS):
+        raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
+    error = data.get("error")
+    if error is None and chosen is None:
+        raise CalibrationError("calibration output has neither a chosen count nor an error")
+    return Report(
+        curve=tuple(curve),
+        chosen=chosen,
+        best=data.get("best") if isinstance(data.get("best"), int) else None,
+        tolerance=_number(data.get("tolerance"), "tolerance") or DEFAULT_TOLERANCE,
+        usable_cpus=data.get("usableCpus") if isinstance(data.get("usableCpus"), int) else None,
+        images=tuple(str(i) for i in data.get("images") or ()),
+        seconds_per_count=_number(data.get("secondsPerCount"), "secondsPerCount"),
+        error=None if error is None else str(error),
+    )

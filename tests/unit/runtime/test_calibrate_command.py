@@ -1,0 +1,80 @@
+"""``mmprep-runtime calibrate``: a real curve from real processors and threads, and its failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mmprep_runtime import calibrate, cli, cpus, testing_media
+from mmprep_runtime.calibration import parse_report
+
+
+def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(
+    qwen_dir, tmp_path, capsys, monkeypatch
+):
+    # Two counts whatever the machine: the curve's shape is the machine's, its form is ours.
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 2)
+    log = tmp_path / "termination-log"
+    code = cli.main([
+        "calibrate", "--model", str(qwen_dir), "--max-workers", "4", "--image", "320x240,160x120",
+        "--duration", "0.6", "--rounds", "2", "--warmup", "0", "--termination-log", str(log),
+    ])  # fmt: skip
+    assert code == 0
+    report = parse_report(log.read_text())
+    assert parse_report(capsys.readouterr().out.strip()) == report
+    assert [p.workers for p in report.curve] == [1, 2]  # capped by the CPUs this process may use
+    assert all(p.req_per_s > 0 and p.p99_ms is not None and p.p99_ms >= p.p50_ms for p in report.curve)
+    best = max(report.curve, key=lambda p: p.req_per_s)
+    assert report.best == best.workers
+    chosen = next(p for p in report.curve if p.workers == report.chosen)
+    assert chosen.req_per_s >= best.req_per_s * (1 - report.tolerance)
+    assert report.images == ("320x240", "160x120") and report.usable_cpus == 2
+    assert len(log.read_bytes()) <= 4096
+
+
+def test_calibrate_rotates_through_sample_files(llava_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 1)
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    (samples / "a.jpg").write_bytes(testing_media.jpeg(200, 150, seed=1))
+    (samples / "b.png").write_bytes(testing_media.png(120, 90, seed=2))
+    (samples / "notes.txt").write_text("not an image")
+    code = cli.main(["calibrate", "--model", str(llava_dir), "--samples", str(samples), "--duration", "0.3",
+                     "--rounds", "1", "--warmup", "0"])  # fmt: skip
+    assert code == 0
+    report = parse_report(capsys.readouterr().out.strip())
+    assert report.images == ("a.jpg", "b.png") and report.chosen == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--image", "big"], "WIDTHxHEIGHT"),
+        (["--tolerance", "1.5"], "tolerance"),
+        (["--duration", "0"], "duration"),
+    ],
+)
+def test_calibrate_refuses_bad_arguments_with_a_report_the_operator_can_read(argv, message, tmp_path, qwen_dir, capsys):
+    log = tmp_path / "log"
+    assert cli.main(["calibrate", "--model", str(qwen_dir), *argv, "--termination-log", str(log)]) == calibrate.EXIT_USAGE
+    assert message in parse_report(log.read_text()).error
+    assert message in capsys.readouterr().err
+
+
+def test_calibrate_with_an_empty_sample_folder_or_a_broken_sample_fails_clearly(tmp_path, qwen_dir, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(empty)]) == calibrate.EXIT_USAGE
+    assert "holds no" in json.loads(capsys.readouterr().out)["error"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    assert cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(broken), "--duration", "0.2"]) == calibrate.EXIT_FAILED
+    assert "x.jpg" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_calibrate_of_a_model_that_does_not_load_reports_the_error(uncloneable_dir, capsys):
+    # Remote code without --trust-remote-code: the load fails, and the report says why.
+    assert cli.main(["calibrate", "--model", str(uncloneable_dir), "--duration", "0.2"]) == calibrate.EXIT_FAILED
+    assert "trust" in json.loads(capsys.readouterr().out)["error"].lower()
