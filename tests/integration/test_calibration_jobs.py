@@ -80,7 +80,10 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
     kcal = kwok["calibration"]
     assert (kcal["state"], kcal["reason"]) == ("Failed", "CalibrationFailed"), kcal
     assert "no report" in kcal["message"]
-    assert (kwok["reason"], kwok["processorWorkers"]) == ("CPUPathDefault", 2)
+    # ... and the pool keeps what the rules decide (the model's declared count, else the default).
+    declared = obj["status"]["probe"]["result"].get("declaredWorkers")
+    rule = ("ModelDeclared", declared) if declared else ("CPUPathDefault", 2)
+    assert (kwok["reason"], kwok["processorWorkers"]) == rule
 
     assert obj["status"]["calibrationSummary"] == "1/2"
 
