@@ -160,6 +160,16 @@ class Workers(_Model):
             "policy (calibration.mode: off or auto). Explicit counts and overrides still win."
         ),
     )
+    calibration_samples: str | None = Field(
+        None,
+        min_length=2,
+        max_length=4096,
+        pattern=r"^/",
+        description=(
+            "Absolute path of a folder of sample images (jpg, png, webp) in a volume of spec.volumeMounts: "
+            "calibration measures with them instead of synthetic images."
+        ),
+    )
 
 
 class ProbeSpec(_Model):

@@ -97,7 +97,10 @@ def calibration_inputs(
         "device": spec.device.value,
         "resources": spec.resources.wire(),
         "env": render.model_env(spec),
-        "measure": [settings.tolerance, max_workers(spec, policy), settings.seconds_per_count, settings.image_sizes],
+        "measure": [
+            settings.tolerance, max_workers(spec, policy), settings.seconds_per_count,
+            spec.workers.calibration_samples or settings.image_sizes,
+        ],  # fmt: skip
         "recalibrate": recalibrate,
     }
 
@@ -123,11 +126,16 @@ def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> lis
     args = ["mmprep-runtime", "calibrate", *render.model_args(spec)]
     if spec.device.value != "auto":
         args += ["--device", spec.device.value]
+    inputs = (
+        ["--samples", spec.workers.calibration_samples]
+        if spec.workers.calibration_samples
+        else ["--image", ",".join(settings.image_sizes)]
+    )
     return [
         *args,
         "--max-workers", str(max_workers(spec, policy)),
         "--duration", f"{settings.seconds_per_count:g}",
-        "--image", ",".join(settings.image_sizes),
+        *inputs,
         "--tolerance", f"{settings.tolerance:g}",
         "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip

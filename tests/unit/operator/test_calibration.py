@@ -234,6 +234,8 @@ def test_what_the_measurement_depends_on_changes_its_hash() -> None:
     ]
     assert all(calibration.calibration_hash(s, policy, cpu) != base for s in changed)
     assert calibration.calibration_hash(spec, policy, cpu, recalibrate="now") != base
+    samples = api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "workers": {"calibrate": True, "calibrationSamples": "/s"}})
+    assert calibration.calibration_hash(samples, policy, cpu) != base
     # Replicas and placement do not change what a measurement on the pool's hardware says.
     more = api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "replicas": 9})
     assert calibration.calibration_hash(more, policy, cpu) == base
@@ -279,3 +281,13 @@ def test_the_operator_hears_calibration_jobs_as_it_hears_probes() -> None:
     admits = handlers._JOB_LABELS["app.kubernetes.io/component"]
     assert admits("calibration") and admits("probe")
     assert not admits("runtime") and not admits(None)
+
+
+def test_sample_images_from_a_volume_replace_the_synthetic_ones() -> None:
+    spec = api.MultimodalPreprocessorSpec.model_validate(
+        {**CPU_SPEC, "workers": {"calibrate": True, "calibrationSamples": "/samples/photos"}}
+    )
+    command = calibration.command(spec, OperatorPolicy())
+    assert command[command.index("--samples") + 1] == "/samples/photos" and "--image" not in command
+    with pytest.raises(ValueError, match="pattern"):
+        api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "workers": {"calibrationSamples": "relative/path"}})
