@@ -40,6 +40,9 @@ class ProbeDefaults(_Strict):
 class OperatorPolicy(_Strict):
     default_image: str = Field(DEFAULT_RUNTIME_IMAGE, alias="defaultImage", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
+    # What the default image is built for (os/arch); unset: not checked. A resource with its own
+    # image says so in spec.imagePlatforms.
+    image_platforms: list[str] | None = Field(None, alias="imagePlatforms")
     overrides: list[WorkerOverride] = Field(default_factory=list)
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
     # A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).

@@ -24,6 +24,7 @@ from mmprep_operator.state import OperatorState
 
 _CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
 _PROBE_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE}
+_RUNTIME_POD_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: render.COMPONENT_RUNTIME}
 NODE_INDEX = "mmprep_nodes"
 
 
@@ -63,6 +64,8 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["", "services"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["batch", "jobs"] = _selector(_PROBE_LABELS)
+        settings.watching.label_selectors["policy", "poddisruptionbudgets"] = _selector(_CHILD_LABELS)
+        settings.watching.label_selectors["", "pods"] = _selector(_RUNTIME_POD_LABELS)
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 
@@ -96,6 +99,14 @@ def build_registry() -> kopf.OperatorRegistry:
     @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS, registry=registry)
     def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Service", type, body)
+
+    @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_LABELS, registry=registry)
+    def budget_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("PodDisruptionBudget", type, body)
+
+    @kopf.on.event("", "v1", "pods", labels=_RUNTIME_POD_LABELS, registry=registry)
+    def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("Pod", type, body)
 
     @kopf.on.event("batch", "v1", "jobs", labels=_PROBE_LABELS, registry=registry)
     def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002

@@ -165,3 +165,16 @@ def group(nodes: Iterable[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooli
 def pool_weights(pools: Sequence[Pool]) -> dict[str, int]:
     """Replica weights: eligible nodes per pool (see ``replicas.distribute``)."""
     return {p.name: len(p.nodes) for p in pools}
+
+
+#: GPU models that come as Grace superchips: their nodes' CPUs are arm64, whatever the node says.
+ARM64_GPU_MODELS = frozenset({"GB200", "GB300", "GH200"})
+ARCH_LABEL = "kubernetes.io/arch"
+
+
+def pool_arch(pool: Pool) -> str | None:
+    """The CPU architecture of the pool's nodes when the GPU model fixes it (Grace: arm64), else
+    None: x86 GPU nodes are the default everywhere and stay unpinned."""
+    if pool.gpu is not None and pool.gpu.model in ARM64_GPU_MODELS:
+        return "arm64"
+    return None
