@@ -236,7 +236,8 @@ def test_runtime_image_runs_the_deployment_the_operator_renders_and_serves(
     # The metrics the chart's alerts are written against, from the real server.
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
-    for name in ("mmprep_worker_busy_seconds_total", "mmprep_processor_workers", "mmprep_queue_wait_seconds_bucket"):
+    for name in ("mmprep_worker_busy_seconds_total", "mmprep_processor_workers", "mmprep_queue_wait_seconds_bucket",
+                 'mmprep_request_seconds_bucket{outcome="ok"'):
         assert f"\n{name}" in metrics, f"{name} missing from /metrics"
     assert docker("exec", cid, "id", "-u").stdout.strip() == RUNTIME_UID
 
