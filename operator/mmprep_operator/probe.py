@@ -26,7 +26,7 @@ from mmprep_operator.config import OperatorPolicy
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
-TERMINATION_LOG: Final = "/dev/termination-log"
+TERMINATION_LOG: Final = render.TERMINATION_LOG
 _MESSAGE_TAIL: Final = 600
 
 

@@ -30,6 +30,7 @@ COMPONENT_RUNTIME: Final = "preprocessor"
 ANNOTATION_DECISION: Final = "mmprep.dev/decision"
 
 RUNTIME_PORT: Final = 8080
+TERMINATION_LOG: Final = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 PORT_NAME: Final = "http"
 CONTAINER_NAME: Final = "runtime"
 CACHE_MOUNT: Final = "/var/cache/mmprep/huggingface"
@@ -210,7 +211,11 @@ def render_deployment(
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image_of(spec, policy),
-        "command": ["mmprep-runtime", "serve", *model_args(spec), "--port", str(RUNTIME_PORT)],
+        # A failed start (no processor, no CUDA device) leaves its reason in the termination
+        # message, which the operator reports per pool.
+        "command": [
+            "mmprep-runtime", "serve", *model_args(spec), "--port", str(RUNTIME_PORT), "--termination-log", TERMINATION_LOG,
+        ],
         # Decision env last: it must win over anything the user set under the same name.
         "env": [*model_env(spec), *decision_env(spec, d)],
         "ports": [{"name": PORT_NAME, "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
