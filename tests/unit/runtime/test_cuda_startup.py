@@ -94,3 +94,16 @@ def test_an_input_transform_is_bound_to_each_clone_and_applies_to_lists_only(qwe
 def _record(images: list[object], seen: list[object]) -> list[object]:
     seen.append(images[0])
     return images
+
+
+def test_the_bench_baseline_follows_the_pools_device_and_refuses_a_mix(qwen_dir) -> None:
+    from types import SimpleNamespace
+
+    from mmprep_runtime import bench
+
+    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    cpu = SimpleNamespace(device="cpu")
+    assert bench.bind_baseline_device(processor, {1: cpu, 2: cpu}) == "cpu"  # type: ignore[dict-item]
+    assert not hasattr(processor.image_processor, "_mmprep_default_kwargs")  # nothing bound on the CPU
+    with pytest.raises(bench.BenchError, match="different devices"):
+        bench.bind_baseline_device(processor, {1: cpu, 2: SimpleNamespace(device="cuda:0")})  # type: ignore[dict-item]
