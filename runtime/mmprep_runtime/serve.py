@@ -113,9 +113,14 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         settings = serve_settings_from_args(args, os.environ)
-    except SettingsError as exc:
+        # A bad device setting fails the start on any path: ignored on the CPU path, it would
+        # surface only when the pod lands on a GPU.
+        cuda.device_index(os.environ)
+    except (SettingsError, cuda.CudaUnavailable) as exc:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        if args.termination_log:
+            write_termination_message(args.termination_log, str(exc))
+        return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
     code = run_event_loop(run_server(settings, termination_log=args.termination_log))
     if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
         print("mmprep-runtime serve: the processor could not be started; the reason is logged above",

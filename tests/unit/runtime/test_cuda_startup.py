@@ -107,3 +107,13 @@ def test_the_bench_baseline_follows_the_pools_device_and_refuses_a_mix(qwen_dir)
     assert not hasattr(processor.image_processor, "_mmprep_default_kwargs")  # nothing bound on the CPU
     with pytest.raises(bench.BenchError, match="different devices"):
         bench.bind_baseline_device(processor, {1: cpu, 2: SimpleNamespace(device="cuda:0")})  # type: ignore[dict-item]
+
+
+def test_a_bad_device_index_fails_the_start_even_on_the_cpu_path(qwen_dir, tmp_path) -> None:
+    log = tmp_path / "termination-log"
+    done = subprocess.run(
+        [*_command(), "serve", "--model", str(qwen_dir), "--port", str(_free_port()), "--termination-log", str(log)],
+        env={**os.environ, "MMPREP_DEVICE": "cpu", cuda.ENV_DEVICE_INDEX: "gpu0"}, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert done.returncode == serve.EXIT_DEVICE_FAILED, done.stderr[-2000:]
+    assert log.read_text() == "MMPREP_CUDA_DEVICE must be a device index (0, 1, ...), got 'gpu0'"
