@@ -235,6 +235,10 @@ class Disruption(_Model):
         return {"maxUnavailable": self.max_unavailable if self.max_unavailable is not None else 1}
 
 
+#: An image platform as registries name it: os/arch[/variant], e.g. linux/arm64/v8.
+Platform = Annotated[str, Field(pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$", max_length=64)]
+
+
 class TopologySpread(_Model):
     """How a pool's pods spread over its nodes (a topologySpreadConstraint per pool)."""
 
@@ -292,7 +296,7 @@ class MultimodalPreprocessorSpec(_Model):
         default_factory=TopologySpread, description="Spread of each pool's pods over the pool's nodes."
     )
     disruption: Disruption = Field(default_factory=Disruption, description="The PodDisruptionBudget of each pool.")
-    image_platforms: list[Annotated[str, Field(pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$", max_length=64)]] | None = Field(
+    image_platforms: list[Platform] | None = Field(
         None,
         max_length=16,
         description=(
