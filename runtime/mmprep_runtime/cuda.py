@@ -23,7 +23,7 @@ torch is imported inside the functions: this module is imported by the CPU path 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
 from mmprep_runtime.loading import ModelLoadError
@@ -53,7 +53,7 @@ def device_index(environ: Mapping[str, str]) -> int:
     return index
 
 
-def configure_allocator(environ: dict[str, str] | Any = os.environ) -> str:
+def configure_allocator(environ: MutableMapping[str, str]) -> str:
     """Set the caching allocator's default before CUDA starts; return the setting in force."""
     if ENV_ALLOC_CONF_NEW in environ:
         return str(environ[ENV_ALLOC_CONF_NEW])
@@ -69,8 +69,8 @@ def _visible(environ: Mapping[str, str]) -> str:
 def start(environ: Mapping[str, str] = os.environ) -> str:
     """Initialise CUDA on the pod's device and prove it works; return the device name (cuda:N)."""
     index = device_index(environ)
-    if isinstance(environ, os._Environ):
-        configure_allocator(environ)
+    if environ is os.environ:
+        configure_allocator(os.environ)  # read by the allocator once, at its first CUDA allocation
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is a runtime dependency
