@@ -255,4 +255,7 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         out.append(EventSpec("Warning", c.reason, c.message))
     if (c := changed(READY)) is not None and c.status == "True":
         out.append(EventSpec("Normal", c.reason, c.message))
+    elif c is not None and c.reason in {p.problem.reason for p in new.pools if p.problem is not None} - {e.reason for e in out}:
+        # Pods that cannot run (no node fits, the runtime exits): what `kubectl describe` shows first.
+        out.append(EventSpec("Warning", c.reason, c.message))
     return out

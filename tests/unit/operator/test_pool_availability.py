@@ -211,6 +211,8 @@ async def test_pending_pods_put_the_schedulers_words_into_ready_and_pools() -> N
     assert f"pool nvidia-gb300: Unschedulable: {said}" in ready["message"]
     assert cluster.pools()["nvidia-gb300"]["problem"] == {"reason": "Unschedulable", "message": said, "pods": 1}
     assert "problem" not in cluster.pools()["nvidia-h200-141gb-hbm3e"]
+    warnings = [e for e in cluster.api.events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["Unschedulable"] and said in warnings[0]["message"]
 
 
 async def test_a_service_name_conflict_creates_nothing_until_it_is_resolved() -> None:
