@@ -12,10 +12,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
-import re
 import urllib.error
 import urllib.request
 import uuid
