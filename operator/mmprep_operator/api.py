@@ -408,7 +408,7 @@ class PoolStatus(_Model):
     deployment: str = Field(description="Name of the pool's Deployment.")
     replicas: int = Field(description="Desired pods in the pool.")
     ready_replicas: int = Field(0, description="Ready pods in the pool.")
-    arch: str | None = Field(None, description="CPU architecture the pool's pods are pinned to (kubernetes.io/arch), when known.")
+    arch: str | None = Field(None, description="CPU architecture of the pool's nodes (kubernetes.io/arch) when known; arm64 pools are pinned to it.")
     problem: PoolProblem | None = Field(None, description="Why the pool's pods are not (all) running: scheduler, image or container.")
 
 

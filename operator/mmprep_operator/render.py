@@ -17,7 +17,7 @@ from mmprep_runtime.policy import Path
 from mmprep_operator import api, naming
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.decide import PoolDecision
-from mmprep_operator.pools import ARCH_LABEL, Pool, pool_arch
+from mmprep_operator.pools import ARCH_LABEL, ARM64, Pool, pool_arch
 
 MANAGED_BY: Final = "mmprep-operator"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
@@ -168,10 +168,11 @@ def pool_selector(owner: Owner, pool: str) -> dict[str, str]:
 def _placement(spec: api.MultimodalPreprocessorSpec, pool: Pool) -> dict[str, Any]:
     """nodeSelector and affinity pinning the pods to the pool's nodes, on top of the user's."""
     node_selector = {**spec.node_selector, **pool.node_selector}
-    if (arch := pool_arch(pool)) is not None:
+    if pool_arch(pool) == ARM64:
         # The product label already picks the nodes; the arch pin keeps a pod of an image built
-        # for another architecture from ever starting there should the labels drift.
-        node_selector[ARCH_LABEL] = arch
+        # for another architecture from ever starting there should the labels drift. x86 is
+        # every cluster's default and stays unpinned.
+        node_selector[ARCH_LABEL] = ARM64
     out: dict[str, Any] = {"nodeSelector": node_selector}
     affinity = dict(spec.affinity or {})
     if pool.match_expressions:

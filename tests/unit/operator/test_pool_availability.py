@@ -259,3 +259,20 @@ async def test_a_pool_the_image_cannot_run_on_is_degraded_while_the_others_serve
     assert (cluster.condition("Ready")["status"], cluster.condition("Ready")["reason"]) == ("True", "AllReplicasReady")
     assert cluster.pools()["nvidia-gb300"]["problem"]["reason"] == "ImagePlatformMissing"
     assert cluster.pools()["nvidia-gb300"]["arch"] == "arm64"
+
+
+def test_a_pools_arch_comes_from_its_nodes_labels_when_the_gpu_does_not_fix_it() -> None:
+    amd = {"kubernetes.io/arch": "amd64"}
+    nodes = [make_node("h200-a", {**H200, **amd}, gpus=8), make_node("h200-b", {**H200, **amd}, gpus=8), make_node("gb300-a", GB300, gpus=4)]
+    parsed = api.MultimodalPreprocessorSpec.model_validate({"model": {"path": "/m"}, "resources": GPU, "replicas": 2})
+    probe = api.ProbeResult(cloneable=True, fast_image_processor=True)
+    arm_only = make_plan(OWNER, parsed, nodes, probe, OperatorPolicy(imagePlatforms=["linux/arm64"]))
+    # An arm64-only image: the labelled x86 pool is the one blocked, the Grace pool (no arch label) serves.
+    assert arm_only.replicas == {"nvidia-gb300": 2, "nvidia-h200-141gb-hbm3e": 0}
+    assert "linux/amd64" in arm_only.pool_problems["nvidia-h200-141gb-hbm3e"].message
+    # x86 pools are never pinned, even when their arch is known.
+    h200 = of_kind(arm_only.objects, "Deployment")["m-nvidia-h200-141gb-hbm3e"]
+    assert "kubernetes.io/arch" not in pod_spec(h200)["nodeSelector"]
+    mixed = [make_node("h200-a", {**H200, **amd}, gpus=8), make_node("h200-b", H200, gpus=8)]
+    unknown = make_plan(OWNER, parsed, mixed, probe, OperatorPolicy(imagePlatforms=["linux/arm64"]))
+    assert unknown.pool_problems == {}  # nodes that disagree (or do not say): not checked
