@@ -10,6 +10,7 @@ Field names are snake_case in Python and camelCase on the wire (aliases).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
@@ -204,6 +205,72 @@ class NamedObject(_Model):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+# ------------------------------------------------------------- availability (per pool)
+
+#: A PodDisruptionBudget bound: a pod count or a percentage of the pool's pods.
+_PDB_BOUND = r"^([0-9]+|[0-9]{1,3}%)$"
+DisruptionBound = Quantity  # rendered as x-kubernetes-int-or-string
+
+
+class Disruption(_Model):
+    """The PodDisruptionBudget each pool gets. Set at most one of maxUnavailable and minAvailable;
+    with neither, maxUnavailable is 1, so a node drain evicts a pool's pods one at a time."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.maxUnavailable) && has(self.minAvailable))",
+                    "message": "set at most one of disruption.maxUnavailable and disruption.minAvailable",
+                }
+            ]
+        }
+    )
+
+    enabled: bool = Field(True, description="Render a PodDisruptionBudget per pool.")
+    max_unavailable: DisruptionBound | None = Field(
+        None, description="Pods of a pool that may be evicted at once: a count or a percentage (e.g. 25%)."
+    )
+    min_available: DisruptionBound | None = Field(
+        None, description="Pods of a pool that must stay available during evictions: a count or a percentage."
+    )
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Disruption:
+        if self.max_unavailable is not None and self.min_available is not None:
+            raise ValueError("set at most one of disruption.maxUnavailable and disruption.minAvailable")
+        for name, bound in (("maxUnavailable", self.max_unavailable), ("minAvailable", self.min_available)):
+            if isinstance(bound, int) and bound < 0:
+                raise ValueError(f"disruption.{name} must be >= 0")
+            if isinstance(bound, str) and not re.fullmatch(_PDB_BOUND, bound):
+                raise ValueError(f"disruption.{name} must be a count or a percentage like 25%")
+        return self
+
+    def budget(self) -> dict[str, int | str]:
+        """The PodDisruptionBudget spec's bound."""
+        if self.min_available is not None:
+            return {"minAvailable": self.min_available}
+        return {"maxUnavailable": self.max_unavailable if self.max_unavailable is not None else 1}
+
+
+#: An image platform as registries name it: os/arch[/variant], e.g. linux/arm64/v8.
+Platform = Annotated[str, Field(pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$", max_length=64)]
+
+
+class TopologySpread(_Model):
+    """How a pool's pods spread over its nodes (a topologySpreadConstraint per pool)."""
+
+    enabled: bool = Field(True, description="Spread each pool's pods over its nodes.")
+    topology_key: str = Field(
+        "kubernetes.io/hostname", min_length=1, max_length=316, description="Node label that names a domain (default: one per node)."
+    )
+    max_skew: int = Field(1, ge=1, le=1000, description="Largest allowed difference in pod count between two domains.")
+    when_unsatisfiable: Literal["ScheduleAnyway", "DoNotSchedule"] = Field(
+        "ScheduleAnyway",
+        description="ScheduleAnyway (a preference: never leaves a pod Pending) or DoNotSchedule (a hard rule).",
+    )
+
+
 class MultimodalPreprocessorSpec(_Model):
     """A preprocessing service for one Hugging Face processor, sized per GPU node pool."""
 
@@ -239,6 +306,23 @@ class MultimodalPreprocessorSpec(_Model):
     node_selector: LabelMap = Field(default_factory=dict, description="Nodes the runtime may run on (labels).")
     tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
     affinity: FreeForm | None = Field(None, description="Pod affinity; required node affinity also limits eligible nodes.")
+    runtime_class_name: str | None = Field(
+        None, min_length=1, max_length=253, description="RuntimeClass of the runtime pods (e.g. nvidia), which many GPU clusters require."
+    )
+    priority_class_name: str | None = Field(None, min_length=1, max_length=253, description="PriorityClass of the runtime pods.")
+    topology_spread: TopologySpread = Field(
+        default_factory=TopologySpread, description="Spread of each pool's pods over the pool's nodes."
+    )
+    disruption: Disruption = Field(default_factory=Disruption, description="The PodDisruptionBudget of each pool.")
+    image_platforms: list[Platform] | None = Field(
+        None,
+        max_length=16,
+        description=(
+            "Platforms the runtime image is built for (os/arch, e.g. linux/amd64, linux/arm64); default from the "
+            "operator policy's imagePlatforms. A pool whose nodes' architecture is not listed gets no pods. Unset in "
+            "both: not checked."
+        ),
+    )
     volumes: list[NamedObject] = Field(default_factory=list, max_length=64, description="Pod volumes (e.g. a model folder).")
     volume_mounts: list[NamedObject] = Field(default_factory=list, max_length=64, description="Runtime container volume mounts.")
     env: list[NamedObject] = Field(default_factory=list, max_length=64, description="Extra runtime environment variables.")
@@ -340,6 +424,13 @@ class PoolCalibration(_Model):
     curve: list[CalibrationPoint] = Field(default_factory=list, description="Throughput by worker count.")
     chosen_workers: int | None = Field(None, description="The count chosen: the fewest within the tolerance of the best.")
     tolerance: float | None = Field(None, description="The tolerance the choice used.")
+class PoolProblem(_Model):
+    """Why a pool's pods do not run: the scheduler's verdict, a container's last termination, or an
+    image that is not built for the pool's architecture."""
+
+    reason: str = Field(description="CamelCase reason: Unschedulable, ImagePlatformMissing, or the container's reason.")
+    message: str = Field(description="What the scheduler or the container said.")
+    pods: int = Field(0, description="How many of the pool's pods this applies to.")
 
 
 class PoolStatus(_Model):
@@ -361,6 +452,8 @@ class PoolStatus(_Model):
     replicas: int = Field(description="Desired pods in the pool.")
     ready_replicas: int = Field(0, description="Ready pods in the pool.")
     calibration: PoolCalibration | None = Field(None, description="The pool's calibration, when calibration is on.")
+    arch: str | None = Field(None, description="CPU architecture of the pool's nodes (kubernetes.io/arch) when known; arm64 pools are pinned to it.")
+    problem: PoolProblem | None = Field(None, description="Why the pool's pods are not (all) running: scheduler, image or container.")
 
 
 class MultimodalPreprocessorStatus(_Model):

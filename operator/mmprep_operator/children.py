@@ -1,7 +1,7 @@
 """What the operator knows about its children from watch events, so that a reconcile whose result
 did not change costs no API calls for them.
 
-For each child (Deployment, Service) it keeps two facts and compares them:
+For each child (Deployment, PodDisruptionBudget, Service; runtime pods only wake their owner) it keeps two facts and compares them:
 
 - what the operator last applied: a digest of the rendered object and the object's *marker* in
   the apply's answer;
@@ -32,7 +32,8 @@ ChildKey = tuple[str, str, str]  # (kind, namespace, name)
 
 def marker_of(kind: str, body: Mapping[str, Any]) -> str:
     meta = body.get("metadata") or {}
-    if kind == "Deployment":
+    # A PodDisruptionBudget's status moves with every pod; its generation only with its spec.
+    if kind in ("Deployment", "PodDisruptionBudget"):
         return f"generation={meta.get('generation')}"
     return f"resourceVersion={meta.get('resourceVersion')}"
 
@@ -57,7 +58,7 @@ def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
     st = body.get("status") or {}
     return (
         # A Job's resourceVersion moves with every status write; its state fields say enough.
-        marker_of(kind, body) if kind in ("Deployment", "Service") else None,
+        marker_of(kind, body) if kind in ("Deployment", "Service", "PodDisruptionBudget") else None,
         st.get("replicas"),
         st.get("readyReplicas"),
         st.get("updatedReplicas"),
@@ -66,6 +67,11 @@ def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
         st.get("succeeded"),
         st.get("failed"),
         tuple(sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or ())),
+        # A runtime pod that exits again, or says why: what status reports per pool.
+        tuple(
+            (c.get("name"), c.get("restartCount"), ((c.get("lastState") or {}).get("terminated") or {}).get("exitCode"))
+            for c in st.get("containerStatuses") or ()
+        ),
     )
 
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmprep_operator import __version__
-from mmprep_operator.api import Quantity, WorkerOverride
+from mmprep_operator.api import Platform, Quantity, WorkerOverride
 
 DEFAULT_RUNTIME_IMAGE = f"mmprep-runtime:{__version__}"
 
@@ -72,6 +72,9 @@ class CalibrationDefaults(_Strict):
 class OperatorPolicy(_Strict):
     default_image: str = Field(DEFAULT_RUNTIME_IMAGE, alias="defaultImage", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
+    # What the default image is built for (os/arch); unset: not checked. A resource with its own
+    # image says so in spec.imagePlatforms.
+    image_platforms: list[Platform] | None = Field(None, alias="imagePlatforms", max_length=16)
     overrides: list[WorkerOverride] = Field(default_factory=list)
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
     calibration: CalibrationDefaults = Field(default_factory=CalibrationDefaults)

@@ -9,8 +9,10 @@ only decides *which* resources to look at again, and only when something that ma
 - a node: the facts pools depend on changed (labels, taints, cordon, allocatable GPUs), which
   re-queues the resources that could place pods on it before or after the change, ahead of
   everything else in the queue (a node change must show in their status within seconds);
-- a child Deployment or Service: someone changed it, its replica counts changed, or it was
-  deleted, which re-queues its owner (see ``children``);
+- a child Deployment, PodDisruptionBudget or Service: someone changed it, its replica counts
+  changed, or it was deleted, which re-queues its owner (see ``children``);
+- a runtime pod: it was (un)scheduled or its container exited, which re-queues its resource, so
+  the status says why pods are missing;
 - a probe Job: its state changed, which re-queues the resources of its namespace.
 
 A periodic resync is the safety net under all of this.
@@ -28,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, probe
+from mmprep_operator import api, naming, probe, render
 from mmprep_operator.children import ChildStore
 from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
@@ -117,6 +119,13 @@ class Controller:
             # A probe Job may serve several resources of its namespace (one per model).
             for key in self._resources:
                 if key[0] == namespace:
+                    self.queue.add(key)
+            return
+        if kind == "Pod":
+            # A runtime pod is owned by a ReplicaSet; its resource label names the resource.
+            resource = (meta.get("labels") or {}).get(render.LABEL_RESOURCE)
+            for key in self._resources:
+                if key[0] == namespace and naming.label_value(key[1]) == resource:
                     self.queue.add(key)
             return
         for ref in meta.get("ownerReferences") or ():

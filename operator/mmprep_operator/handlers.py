@@ -36,6 +36,7 @@ _JOB_LABELS: dict[str, Any] = {**_CHILD_LABELS, render.LABEL_COMPONENT: _is_job_
 _JOB_SELECTOR = ",".join(
     [*(f"{k}={v}" for k, v in sorted(_CHILD_LABELS.items())), f"{render.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"]
 )
+_RUNTIME_POD_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: render.COMPONENT_RUNTIME}
 NODE_INDEX = "mmprep_nodes"
 
 
@@ -75,6 +76,8 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["", "services"] = _selector(_CHILD_LABELS)
         settings.watching.label_selectors["batch", "jobs"] = _JOB_SELECTOR
+        settings.watching.label_selectors["policy", "poddisruptionbudgets"] = _selector(_CHILD_LABELS)
+        settings.watching.label_selectors["", "pods"] = _selector(_RUNTIME_POD_LABELS)
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 
@@ -108,6 +111,14 @@ def build_registry() -> kopf.OperatorRegistry:
     @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS, registry=registry)
     def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.child_event("Service", type, body)
+
+    @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_LABELS, registry=registry)
+    def budget_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("PodDisruptionBudget", type, body)
+
+    @kopf.on.event("", "v1", "pods", labels=_RUNTIME_POD_LABELS, registry=registry)
+    def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event("Pod", type, body)
 
     @kopf.on.event("batch", "v1", "jobs", labels=_JOB_LABELS, registry=registry)
     def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002

@@ -34,6 +34,7 @@ _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("v1", "Service"): ("/api/v1", "services"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
     ("v1", "Event"): ("/api/v1", "events"),
     (api.API_VERSION, api.KIND): (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
@@ -83,6 +84,8 @@ class KubeApi(Protocol):
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     async def delete_deployment(self, namespace: str, name: str) -> None: ...
+    async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]: ...
     async def set_job_owners(
@@ -236,7 +239,14 @@ class RestKubeApi:
         return list((result or {}).get("items") or ())
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
-        path = f"{collection_path('apps/v1', 'Deployment', namespace)}/{quote(name)}"
+        await self.delete_object("apps/v1", "Deployment", namespace, name)
+
+    async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self._call("GET", collection_path(api_version, kind, namespace), params={"labelSelector": selector})
+        return list((result or {}).get("items") or ())
+
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        path = f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
         await self._call("DELETE", path, body={"propagationPolicy": "Background"}, content_type="application/json", missing_ok=True)
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -25,6 +25,53 @@ class Plan:
     replicas: dict[str, int]
     deployment_names: dict[str, str]
     objects: tuple[dict[str, Any], ...]
+    #: Pools that get no pods whatever the replicas, and why (an image not built for their arch).
+    pool_problems: dict[str, api.PoolProblem] = dataclasses.field(default_factory=dict)
+
+
+def image_platforms(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str] | None:
+    """What the runtime image is built for: the spec's word, else the policy's for its default
+    image; None (not checked) for a spec image that does not say."""
+    if spec.image_platforms is not None:
+        return list(spec.image_platforms)
+    return None if spec.image is not None else policy.image_platforms
+
+
+def _runs_on(platforms: Iterable[str], arch: str) -> bool:
+    # "linux/arm64/v8" runs on arm64 nodes too: the variant does not matter to the scheduler.
+    return any(p.split("/")[:2] == ["linux", arch] for p in platforms)
+
+
+def platform_problems(
+    spec: api.MultimodalPreprocessorSpec, pool_list: Iterable[pools.Pool], policy: OperatorPolicy
+) -> dict[str, api.PoolProblem]:
+    """Pools whose nodes' architecture the image is not built for: their pods could never start."""
+    platforms = image_platforms(spec, policy)
+    if platforms is None:
+        return {}
+    out = {}
+    for pool in pool_list:
+        arch = pools.pool_arch(pool)
+        if arch is not None and not _runs_on(platforms, arch):
+            out[pool.name] = api.PoolProblem(
+                reason="ImagePlatformMissing",
+                message=f"the runtime image is built for {', '.join(platforms)}; pool {pool.name}'s nodes are linux/{arch}, "
+                "so it gets no pods (list the platform in spec.imagePlatforms once the image has it)",
+            )
+    return out
+
+
+def _platform_problem(blocked: Mapping[str, api.PoolProblem], pool_count: int) -> Problem | None:
+    if not blocked:
+        return None
+    names = ", ".join(sorted(blocked))
+    every = len(blocked) == pool_count
+    where = "every pool" if every else f"pool(s) {names}"
+    # With other pools left the resource still serves (Ready follows their pods); with none it cannot.
+    return Problem(
+        "ImagePlatformMissing", f"the runtime image is not built for the architecture of {where}: {next(iter(blocked.values())).message}",
+        blocks_ready=every,
+    )
 
 
 def placement_problem(spec: api.MultimodalPreprocessorSpec, pooling: pools.Pooling) -> Problem | None:
@@ -53,7 +100,11 @@ def make_plan(
         pooling = pools.group(nodes, spec)
     measured = measured or {}
     decisions = tuple(decide_pool(spec, probe, pool, policy.overrides, measured.get(pool.name)) for pool in pooling.pools)
-    counts = replicas.distribute(spec.replicas, pools.pool_weights(pooling.pools))
+    blocked = platform_problems(spec, pooling.pools, policy)
+    # Blocked pools keep their Deployment at 0 replicas (status still shows them); the others share the total.
+    weights = {name: w for name, w in pools.pool_weights(pooling.pools).items() if name not in blocked}
+    counts = {p.name: 0 for p in pooling.pools} | replicas.distribute(spec.replicas, weights)
     objects = tuple(render.render_children(owner, spec, decisions, counts, policy))
     names = {d.pool.name: render.deployment_name(owner, d.pool.name) for d in decisions}
-    return Plan(pooling, placement_problem(spec, pooling), decisions, counts, names, objects)
+    problem = placement_problem(spec, pooling) or _platform_problem(blocked, len(pooling.pools))
+    return Plan(pooling, problem, decisions, counts, names, objects, blocked)

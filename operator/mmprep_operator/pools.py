@@ -29,6 +29,8 @@ from mmprep_operator.api import MultimodalPreprocessorSpec
 from mmprep_operator.nodes import NodeFacts, eligible
 
 CPU_POOL = "cpu"
+ARCH_LABEL = "kubernetes.io/arch"
+ARM64 = "arm64"
 UNLABELED_GPU_POOL = "gpu-unlabeled"
 # Pool names become part of Deployment names (<resource>-<pool>); keep room for the resource.
 MAX_POOL_NAME = 40
@@ -46,6 +48,8 @@ class Pool:
     node_selector: Mapping[str, str]
     #: Further constraints (rendered into required node affinity), e.g. "no product label".
     match_expressions: tuple[Mapping[str, Any], ...] = ()
+    #: The kubernetes.io/arch label all the pool's nodes carry (None when absent or mixed).
+    node_arch: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +152,7 @@ def group(nodes: Iterable[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooli
     for key, group_nodes in members.items():
         _, selector, expressions = shapes[key]
         identity = _identity(group_nodes[0].label_map)
+        archs = {n.label_map.get(ARCH_LABEL) for n in group_nodes}
         pools.append(
             Pool(
                 name=names[key],
@@ -157,6 +162,7 @@ def group(nodes: Iterable[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooli
                 nodes=tuple(sorted(n.name for n in group_nodes)),
                 node_selector=selector,
                 match_expressions=expressions,
+                node_arch=archs.pop() if len(archs) == 1 else None,
             )
         )
     return Pooling(tuple(sorted(pools, key=lambda p: p.name)), total, dict(excluded))
@@ -165,3 +171,15 @@ def group(nodes: Iterable[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooli
 def pool_weights(pools: Sequence[Pool]) -> dict[str, int]:
     """Replica weights: eligible nodes per pool (see ``replicas.distribute``)."""
     return {p.name: len(p.nodes) for p in pools}
+
+
+#: GPU models that come as Grace superchips: their nodes' CPUs are arm64, whatever the node says.
+ARM64_GPU_MODELS = frozenset({"GB200", "GB300", "GH200"})
+
+
+def pool_arch(pool: Pool) -> str | None:
+    """The CPU architecture of the pool's nodes: arm64 when the GPU model fixes it (Grace), else
+    what all its nodes' kubernetes.io/arch labels say, else None (unknown)."""
+    if pool.gpu is not None and pool.gpu.model in ARM64_GPU_MODELS:
+        return ARM64
+    return pool.node_arch

@@ -26,7 +26,7 @@ from mmprep_operator.config import OperatorPolicy
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
-TERMINATION_LOG: Final = "/dev/termination-log"
+TERMINATION_LOG: Final = render.TERMINATION_LOG
 
 
 def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:

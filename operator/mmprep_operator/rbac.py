@@ -28,7 +28,10 @@ RULES: Final[list[dict[str, Any]]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _MANAGE},
     {"apiGroups": [""], "resources": ["services"], "verbs": _MANAGE},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _MANAGE},
-    # Probe pods: their termination message carries the probe's JSON.
+    # A PodDisruptionBudget per pool (server-side apply; pruned with its pool).
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _MANAGE},
+    # Probe pods: their termination message carries the probe's JSON; runtime pods: why they
+    # are not ready (the scheduler's condition, a container's termination message).
     {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
     # Events for decisions and failures (ours and kopf's).
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "get", "patch"]},

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, calibration, children, jobs, pools, probe, render, status
+from mmprep_operator import api, calibration, children, jobs, naming, podstates, pools, probe, render, status
 from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
@@ -51,6 +51,8 @@ _PROBE_GRACE_SECONDS = 30.0
 _APPLY_ATTEMPTS = 3
 _PROBE_CACHE_SIZE = 1024
 _POOLING_MEMO_SIZE = 256
+#: The children made per pool (kind -> apiVersion), pruned when their pool goes.
+_POOL_KINDS = {"Deployment": "apps/v1", "PodDisruptionBudget": "policy/v1"}
 
 
 class _Stale(Exception):
@@ -109,8 +111,8 @@ class Reconciler:
     events_in_background: bool = False
     #: The watch's latest copy of a resource, when there is one (fed by the controller).
     watched: Callable[[str, str], Mapping[str, Any] | None] = _no_copy
-    #: Per resource, the Deployment names of its last successful prune.
-    _desired: dict[tuple[str, str], frozenset[str]] = dataclasses.field(default_factory=dict)
+    #: Per resource, the (kind, name) of its pool children at its last successful prune.
+    _desired: dict[tuple[str, str], frozenset[tuple[str, str]]] = dataclasses.field(default_factory=dict)
     #: The nodes the memoized poolings were grouped from, and those poolings by placement key.
     _node_snapshot: list[NodeFacts] = dataclasses.field(default_factory=list)
     _poolings: dict[str, pools.Pooling] = dataclasses.field(default_factory=dict)
@@ -237,7 +239,11 @@ class Reconciler:
                 )
         problem = plan.problem
 
-        def observed(deployments: dict[str, status.DeploymentState], problem: status.Problem | None) -> status.Observation:
+        def observed(
+            deployments: dict[str, status.DeploymentState],
+            problem: status.Problem | None,
+            pod_problems: Mapping[str, api.PoolProblem] | None = None,
+        ) -> status.Observation:
             return status.Observation(
                 generation,
                 selector,
@@ -248,6 +254,8 @@ class Reconciler:
                 replicas=plan.replicas,
                 deployments=deployments,
                 calibrations=calibrations,
+                # The plan's (an image that cannot run there) wins over what the pods say.
+                pool_problems={**(pod_problems or {}), **plan.pool_problems},
             )
 
         if previous is not None and previous.pools and not all(self.children.unchanged_since_apply(obj) for obj in plan.objects):
@@ -268,7 +276,7 @@ class Reconciler:
                 previous = await self._report(owner, body, previous, early, fresh=fresh)
                 if self.report_first:
                     return Outcome("decided", requeue_after=0.0)
-        desired = frozenset(plan.deployment_names.values())
+        desired = frozenset((obj["kind"], obj["metadata"]["name"]) for obj in plan.objects if obj["kind"] in _POOL_KINDS)
         if not fresh and (
             self._desired.get((namespace, name)) != desired or not all(self.children.unchanged_since_apply(obj) for obj in plan.objects)
         ):
@@ -290,17 +298,20 @@ class Reconciler:
             if self._desired.get((namespace, name)) != desired:
                 # Listing and pruning is needed only when the set of pools changed (or is unknown,
                 # after a restart): a pool's Deployment can only be left over then.
-                await self._prune(owner, set(desired))
+                await self._prune(owner, desired)
                 self._desired[(namespace, name)] = desired
         except ApiError as e:
             if not e.permanent or _namespace_terminating(e):
                 raise
             failed = True
             if isinstance(e, ForeignObject):
-                problem = status.Problem("NameConflict", e.message)
+                # The Service is applied first (see render.render_children): a conflict on it
+                # stops the apply before any Deployment exists whose pods nothing could reach.
+                problem = status.Problem("NameConflict", f"{e.message}; nothing of this resource is applied until it is resolved")
             else:
                 problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
-        await self._report(owner, body, previous, observed(deployments, problem), fresh=fresh)
+        pod_problems = await self._pod_problems(owner, plan, deployments) if not failed else {}
+        await self._report(owner, body, previous, observed(deployments, problem, pod_problems), fresh=fresh)
         if failed:
             return Outcome("error")
         if calibrating:
@@ -477,15 +488,30 @@ class Reconciler:
                     log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "name": meta["name"]})
         raise Conflict(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} kept changing during apply")
 
-    async def _prune(self, owner: render.Owner, keep: set[str]) -> None:
-        """Delete this resource's Deployments of pools that no longer exist."""
+    async def _prune(self, owner: render.Owner, keep: frozenset[tuple[str, str]]) -> None:
+        """Delete this resource's Deployments and PodDisruptionBudgets of pools that no longer exist."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(owner).items()))
-        for deployment in await self.api.list_deployments(owner.namespace, selector):
-            meta = deployment.get("metadata") or {}
-            owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
-            if owned and meta.get("name") not in keep:
-                await self.api.delete_deployment(owner.namespace, meta["name"])
-                log.info("deployment of a vanished pool deleted", extra={"namespace": owner.namespace, "deployment": meta["name"]})
+        for kind, api_version in _POOL_KINDS.items():
+            for obj in await self.api.list_objects(api_version, kind, owner.namespace, selector):
+                meta = obj.get("metadata") or {}
+                owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
+                if owned and (kind, meta.get("name")) not in keep:
+                    await self.api.delete_object(api_version, kind, owner.namespace, meta["name"])
+                    log.info("child of a vanished pool deleted", extra={"namespace": owner.namespace, "kind": kind, "name": meta["name"]})
+
+    async def _pod_problems(
+        self, owner: render.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
+    ) -> dict[str, api.PoolProblem]:
+        """Why pods are missing, per pool, read from the pods; no call while every pool is ready."""
+        short = [
+            name for name, deployment in plan.deployment_names.items()
+            if deployments.get(deployment, status.DeploymentState()).ready_replicas < plan.replicas.get(name, 0)
+        ]
+        if not short:
+            return {}
+        pods = await self.api.list_pods(owner.namespace, render.selector_string(owner))
+        by_label = {naming.label_value(name): name for name in short}
+        return podstates.pool_problems(pods, by_label, render.LABEL_POOL)
 
     # --------------------------------------------------------------------------------- status
 

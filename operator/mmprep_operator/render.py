@@ -1,4 +1,5 @@
-"""Render the objects a resource needs: one runtime Deployment per pool and one Service.
+"""Render the objects a resource needs: the Service, and per pool a PodDisruptionBudget and a
+runtime Deployment.
 
 Pure functions of (resource identity, spec, decisions, replica counts, policy): no I/O, so the
 ``render`` CLI, the golden tests and the reconciler produce the same objects byte for byte. The
@@ -16,7 +17,7 @@ from mmprep_runtime.policy import Path
 from mmprep_operator import api, naming
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.decide import PoolDecision
-from mmprep_operator.pools import Pool
+from mmprep_operator.pools import ARCH_LABEL, ARM64, Pool, pool_arch
 
 MANAGED_BY: Final = "mmprep-operator"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
@@ -25,9 +26,11 @@ LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_RESOURCE: Final = "mmprep.dev/resource"
 LABEL_POOL: Final = "mmprep.dev/pool"
+COMPONENT_RUNTIME: Final = "preprocessor"
 ANNOTATION_DECISION: Final = "mmprep.dev/decision"
 
 RUNTIME_PORT: Final = 8080
+TERMINATION_LOG: Final = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 PORT_NAME: Final = "http"
 CONTAINER_NAME: Final = "runtime"
 CACHE_MOUNT: Final = "/var/cache/mmprep/huggingface"
@@ -68,7 +71,7 @@ def resource_labels(owner: Owner) -> dict[str, str]:
     return {
         LABEL_NAME: "mmprep-runtime",
         LABEL_INSTANCE: naming.label_value(owner.name),
-        LABEL_COMPONENT: "preprocessor",
+        LABEL_COMPONENT: COMPONENT_RUNTIME,
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_RESOURCE: naming.label_value(owner.name),
     }
@@ -156,9 +159,21 @@ def model_volumes(spec: api.MultimodalPreprocessorSpec) -> tuple[list[dict[str, 
     return volumes, mounts
 
 
+def pool_selector(owner: Owner, pool: str) -> dict[str, str]:
+    """The labels that select exactly one pool's pods (Deployment, PodDisruptionBudget, spread)."""
+    labels = pool_labels(owner, pool)
+    return {LABEL_RESOURCE: labels[LABEL_RESOURCE], LABEL_POOL: labels[LABEL_POOL]}
+
+
 def _placement(spec: api.MultimodalPreprocessorSpec, pool: Pool) -> dict[str, Any]:
     """nodeSelector and affinity pinning the pods to the pool's nodes, on top of the user's."""
-    out: dict[str, Any] = {"nodeSelector": {**spec.node_selector, **pool.node_selector}}
+    node_selector = {**spec.node_selector, **pool.node_selector}
+    if pool_arch(pool) == ARM64:
+        # The product label already picks the nodes; the arch pin keeps a pod of an image built
+        # for another architecture from ever starting there should the labels drift. x86 is
+        # every cluster's default and stays unpinned.
+        node_selector[ARCH_LABEL] = ARM64
+    out: dict[str, Any] = {"nodeSelector": node_selector}
     affinity = dict(spec.affinity or {})
     if pool.match_expressions:
         node_affinity = dict(affinity.get("nodeAffinity") or {})
@@ -197,7 +212,11 @@ def render_deployment(
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image_of(spec, policy),
-        "command": ["mmprep-runtime", "serve", *model_args(spec), "--port", str(RUNTIME_PORT)],
+        # A failed start (no processor, no CUDA device) leaves its reason in the termination
+        # message, which the operator reports per pool.
+        "command": [
+            "mmprep-runtime", "serve", *model_args(spec), "--port", str(RUNTIME_PORT), "--termination-log", TERMINATION_LOG,
+        ],
         # Decision env last: it must win over anything the user set under the same name.
         "env": [*model_env(spec), *decision_env(spec, d)],
         "ports": [{"name": PORT_NAME, "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
@@ -221,7 +240,23 @@ def render_deployment(
     }
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
-    selector = {LABEL_RESOURCE: labels[LABEL_RESOURCE], LABEL_POOL: labels[LABEL_POOL]}
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    selector = pool_selector(owner, d.pool.name)
+    if spec.topology_spread.enabled:
+        spread = spec.topology_spread
+        # Across the pool's nodes only: the pool's own pods are counted, and only nodes the pod
+        # could land on are domains (nodeAffinityPolicy Honor, the default, says so).
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": spread.max_skew,
+                "topologyKey": spread.topology_key,
+                "whenUnsatisfiable": spread.when_unsatisfiable,
+                "labelSelector": {"matchLabels": dict(selector)},
+            }
+        ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -248,6 +283,25 @@ def render_service(owner: Owner) -> dict[str, Any]:
     }
 
 
+def disruption_budget_name(owner: Owner, pool: str) -> str:
+    return deployment_name(owner, pool)
+
+
+def render_disruption_budget(owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owner.metadata(disruption_budget_name(owner, d.pool.name), pool_labels(owner, d.pool.name)),
+        "spec": {
+            **spec.disruption.budget(),
+            "selector": {"matchLabels": pool_selector(owner, d.pool.name)},
+            # A pod that never became ready (no GPU left, a crash loop) may always be evicted: it
+            # serves nothing, and keeping it would block a drain for no one's benefit.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def render_children(
     owner: Owner,
     spec: api.MultimodalPreprocessorSpec,
@@ -255,6 +309,12 @@ def render_children(
     replicas: Mapping[str, int],
     policy: OperatorPolicy,
 ) -> list[dict[str, Any]]:
-    """Every object the resource needs, Deployments by pool name then the Service."""
-    deployments = [render_deployment(owner, spec, d, replicas.get(d.pool.name, 0), policy) for d in decisions]
-    return [*deployments, render_service(owner)]
+    """Every object the resource needs, in apply order: the Service first (a name taken by someone
+    else's Service stops the apply before anything is created), then per pool (by name) its
+    PodDisruptionBudget and its Deployment (the budget covers the pods from their start)."""
+    out = [render_service(owner)]
+    for d in decisions:
+        if spec.disruption.enabled:
+            out.append(render_disruption_budget(owner, spec, d))
+        out.append(render_deployment(owner, spec, d, replicas.get(d.pool.name, 0), policy))
+    return out

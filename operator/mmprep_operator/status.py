@@ -19,6 +19,7 @@ from typing import Literal
 
 from mmprep_operator import api
 from mmprep_operator.decide import PoolDecision, sentence
+from mmprep_operator.pools import pool_arch
 
 READY, PROBED, CLONEABLE, DEGRADED = "Ready", "Probed", "Cloneable", "Degraded"
 CONDITION_TYPES = (READY, PROBED, CLONEABLE, DEGRADED)
@@ -31,6 +32,8 @@ class Problem:
 
     reason: str
     message: str
+    #: False for a problem that leaves the resource serving (Ready then follows the pods).
+    blocks_ready: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,8 @@ class Observation:
     replicas: Mapping[str, int] = dataclasses.field(default_factory=dict)  # pool -> desired
     deployments: Mapping[str, DeploymentState] = dataclasses.field(default_factory=dict)  # Deployment -> state
     calibrations: Mapping[str, api.PoolCalibration] = dataclasses.field(default_factory=dict)  # pool -> calibration
+    #: pool -> why its pods do not run (an image not built for its arch, the scheduler, a container).
+    pool_problems: Mapping[str, api.PoolProblem] = dataclasses.field(default_factory=dict)
 
 
 def timestamp(now: datetime) -> str:
@@ -130,6 +135,8 @@ def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
         replicas=obs.replicas.get(d.pool.name, 0),
         ready_replicas=state.ready_replicas,
         calibration=obs.calibrations.get(d.pool.name),
+        arch=pool_arch(d.pool),
+        problem=obs.pool_problems.get(d.pool.name),
     )
 
 
@@ -151,10 +158,12 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     not_honoured = [p for p in pools if p.explicit_not_honoured is not None]
 
     degraded: tuple[Status, str, str]
+    blocking = True  # whether a Degraded=True also makes Ready False
     if obs.spec_error is not None:
         degraded = ("True", "InvalidSpec", obs.spec_error)
     elif obs.problem is not None:
         degraded = ("True", obs.problem.reason, obs.problem.message)
+        blocking = obs.problem.blocks_ready
     elif probe_failed:
         degraded = ("True", probed[1], probed[2])
     elif not_honoured:
@@ -165,11 +174,15 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
             f"{p.explicit_not_honoured} processor workers were asked for, but the processor cannot be "
             "deep-copied, so every pod runs 1 worker",
         )
+        blocking = False
     else:
         degraded = ("False", "AsExpected", "nothing degrades this resource")
 
+    # Why pods are missing, pool by pool: what the scheduler or the container said.
+    stuck = [p for p in pools if p.problem is not None and min(p.ready_replicas, p.replicas) < p.replicas]
+    why = "".join(f"; pool {p.name}: {p.problem.reason}: {p.problem.message}" for p in stuck if p.problem is not None)
     ready_cond: tuple[Status, str, str]
-    if degraded[0] == "True" and degraded[1] != "ExplicitWorkersNotHonoured":
+    if degraded[0] == "True" and blocking:
         ready_cond = ("False", degraded[1], degraded[2])
     elif obs.probe is None or obs.probe.state != "Succeeded":
         ready_cond = ("False", probed[1], probed[2])
@@ -180,7 +193,9 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     elif ready >= desired:
         ready_cond = ("True", "AllReplicasReady", f"{ready}/{desired} pods ready in {len(pools)} pool(s)")
     else:
-        ready_cond = ("False", "ReplicasNotReady", f"{ready}/{desired} pods ready in {len(pools)} pool(s)")
+        reasons = {p.problem.reason for p in stuck if p.problem is not None}
+        reason = reasons.pop() if len(reasons) == 1 else "ReplicasNotReady"
+        ready_cond = ("False", reason, f"{ready}/{desired} pods ready in {len(pools)} pool(s){why}")
 
     conditions = list(previous.conditions)
     for type_, (status, reason, message) in (
@@ -261,4 +276,7 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         out.append(EventSpec("Warning", c.reason, c.message))
     if (c := changed(READY)) is not None and c.status == "True":
         out.append(EventSpec("Normal", c.reason, c.message))
+    elif c is not None and c.reason in {p.problem.reason for p in new.pools if p.problem is not None} - {e.reason for e in out}:
+        # Pods that cannot run (no node fits, the runtime exits): what `kubectl describe` shows first.
+        out.append(EventSpec("Warning", c.reason, c.message))
     return out

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, Final
 
 
-from mmprep_runtime import decoding, engine, loading, pipeline, testing_media, versions
+from mmprep_runtime import cuda, decoding, engine, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = 2
@@ -277,6 +277,19 @@ def merge(parts: list[Measurement]) -> Measurement:
     )
 
 
+def bind_baseline_device(processor: Any, engines: dict[int, engine.Engine]) -> str:
+    """Put the direct baseline on the pools' device, so the ratio compares like with like: a GPU
+    pool against a CPU baseline would credit the pool with the device's speed."""
+    devices = {running.device for running in engines.values()}
+    if len(devices) != 1:
+        raise BenchError(f"the pools run on different devices: {sorted(devices)}")
+    (device,) = devices
+    if device != "cpu":
+        loading.bind_device(processor, device)
+        cuda.worker_init(device)  # its own stream, like each worker
+    return device
+
+
 def run(
     settings: loading.ModelSettings,
     workers: list[int],
@@ -306,6 +319,7 @@ def run(
         for count in workers:
             engines[count] = engine.start_engine(settings, processor_workers=count, intra_op_threads=intra_op_threads)
         torch.set_num_threads(1)  # the direct baseline is one thread, like one worker (start_engine set it)
+        device = bind_baseline_device(processor, engines)
         if warmup > 0:
             measure_direct(processor, workload, warmup, False)
             for running in engines.values():
@@ -348,6 +362,7 @@ def run(
         "duration_s": duration,
         "rounds": rounds,
         "usable_cpus": engine.cpus.usable_cpus(),
+        "device": device,  # of the pools and of the direct baseline alike
         "direct": direct,
         "results": results,
         # The pool's own per-job cost, on the smallest pool (see measure_dispatch).

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-image-pixels", type=int, default=None, help="largest decoded image, in pixels")
     serve.add_argument("--max-images", type=int, default=None, help="most images in one request")
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--termination-log", default=None,
+                       help="on a failed start, write the reason here (Kubernetes terminationMessagePath)")
 
     probe = commands.add_parser("probe", help="print what this processor is and whether it can be cloned")
     _add_model_arguments(probe)

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from mmprep_runtime import cpus, executor, loading, policy, versions
+from mmprep_runtime import cpus, cuda, executor, loading, policy, versions
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ class Engine:
     #: Decode each request on the processor worker that processes it, not on the IO pool
     #: (``should_decode_on_worker``).
     decode_on_worker: bool = False
+    #: The CUDA device as started and warmed (``cuda.describe``), on the GPU path.
+    cuda: dict[str, Any] | None = None
 
     def info(self) -> dict[str, Any]:
         facts = self.facts
@@ -53,6 +55,7 @@ class Engine:
             "usable_cpus": self.usable_cpus,
             "intra_op_threads": self.intra_op_threads,
             "decode_on_worker": self.decode_on_worker,
+            "cuda": self.cuda,
             "fast_paths": list(facts.fast_paths),
             "versions": versions.versions(),
         }
@@ -63,13 +66,13 @@ class Engine:
 
 
 def resolve_device(requested: policy.Device) -> tuple[str, bool]:
-    """(device name, whether a GPU is usable). Asking for cuda without one is an error."""
+    """(device name, whether a GPU is usable). Asking for cuda without a working one is an error
+    (``cuda.CudaUnavailable``, with the reason): CUDA starts here, before anything is served."""
     if requested is policy.Device.CPU:
         return "cpu", False
-    available = loading.cuda_available()
-    if requested is policy.Device.CUDA and not available:
-        raise loading.ModelLoadError("device cuda was asked for, but CUDA is not available in this process")
-    return ("cuda", True) if available else ("cpu", False)
+    if requested is policy.Device.CUDA or loading.cuda_available():
+        return cuda.start(), True
+    return "cpu", False
 
 
 def _set_torch_threads(threads: int) -> None:
@@ -77,6 +80,12 @@ def _set_torch_threads(threads: int) -> None:
 
     # Per thread: OpenMP keeps the thread count per calling thread, so each worker sets its own.
     torch.set_num_threads(threads)
+
+
+def _init_worker(threads: int, device: str) -> None:
+    _set_torch_threads(threads)
+    if device != "cpu":
+        cuda.worker_init(device)  # this worker's own stream
 
 
 def should_decode_on_worker(path: policy.Path, processor_workers: int, usable_cpus: int) -> bool:
@@ -140,7 +149,7 @@ def start_engine(
         resolve,
         decision.processor_workers,
         cloneable=probe.cloneable,
-        thread_init=lambda: _set_torch_threads(threads),
+        thread_init=lambda: _init_worker(threads, device),
         observer=observer,
     )
     io_pool = concurrent.futures.ThreadPoolExecutor(decision.io_workers, thread_name_prefix="mmprep-io")
@@ -149,6 +158,10 @@ def start_engine(
     engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker)
     if warm:
         pool.warm(warm_timeout)
+        if device != "cpu":
+            # One request's image work on the device before readiness (see ``cuda.warm_up``).
+            pool.submit(cuda.warm_up, device).result(warm_timeout)
+            engine.cuda = cuda.describe(device)
     logger.info(
         "engine ready: %s on %s path, %d processor worker(s) x %d intra-op thread(s) of %d usable CPU(s)",
         facts.processor_class, path.value, decision.processor_workers, threads, usable,

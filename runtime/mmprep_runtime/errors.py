@@ -90,3 +90,36 @@ class InternalError(RequestError):
 
     status = 500
     code = "internal_error"
+
+
+# --------------------------------------------------------------------- outcome classes
+#: The request histogram's ``outcome`` label. Served answers are kept apart from refusals, so a
+#: flood of fast 429s cannot hide the latency of the requests that were served.
+OK, REJECTED, CLIENT_ERROR, SERVER_ERROR = "ok", "rejected", "client_error", "server_error"
+OUTCOME_CLASSES = (OK, REJECTED, CLIENT_ERROR, SERVER_ERROR)
+#: Not an error class: the client went away before its answer (nginx calls that 499).
+CLIENT_GONE = "client_gone"
+
+
+def _status_by_code() -> dict[str, int]:
+    out: dict[str, int] = {}
+    todo: list[type[RequestError]] = [RequestError]
+    while todo:
+        cls = todo.pop()
+        out[cls.code] = cls.status
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def outcome_class(code: str) -> str:
+    """The class of an answer from its ``code`` (the request counter's label): ``ok``;
+    ``rejected`` when the server refused to take the request on (429 overloaded, 503 not ready);
+    ``client_error`` for the rest of 4xx and a client that left; ``server_error`` for 5xx."""
+    if code == OK:
+        return OK
+    if code == CLIENT_GONE:
+        return CLIENT_ERROR
+    status = _status_by_code().get(code, 500)
+    if status in (Overloaded.status, NotReady.status):
+        return REJECTED
+    return CLIENT_ERROR if status < 500 else SERVER_ERROR

@@ -204,3 +204,8 @@ def bind_device(processor: Any, device: str) -> None:
     if image_processor is None:
         return
     patches.bind_default_kwargs(image_processor, "preprocess", device=device)
+    if device.startswith("cuda") and _image_backend(image_processor) == policy.Backend.TORCHVISION.value:
+        # Fast (torchvision) processors take tensors: upload from pinned memory without blocking.
+        from mmprep_runtime import cuda
+
+        patches.bind_input_transform(image_processor, "preprocess", "images", cuda.upload_images, device)

@@ -12,6 +12,8 @@ from typing import Any, Callable, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
+from mmprep_runtime import errors
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 # Preprocessing a large image takes 10-200 ms on a core; queue waits range to the deadline.
@@ -36,8 +38,14 @@ class Metrics:
         r = self.registry
         self.requests = Counter("mmprep_requests", "Preprocess requests by outcome", ["outcome"], registry=r)
         self.request_seconds = Histogram(
-            "mmprep_request_seconds", "Time from arrival to answer", buckets=_LATENCY_BUCKETS, registry=r
+            "mmprep_request_seconds",
+            "Time from arrival to answer, by outcome class (ok, rejected, client_error, server_error)",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
+        for outcome in errors.OUTCOME_CLASSES:
+            self.request_seconds.labels(outcome)  # every class exported from the start, at 0
         self.decode_seconds = Histogram(
             "mmprep_decode_seconds", "Parsing and media decoding time (IO pool)", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -68,6 +76,11 @@ class Metrics:
         )
         self.ready = Gauge("mmprep_ready", "1 once the processor is loaded and the pool warm", registry=r)
         self.info = Info("mmprep_runtime", "Model, path and the worker decision", registry=r)
+
+    def answered(self, code: str, seconds: float) -> None:
+        """One preprocess request answered: ``code`` is its outcome (``ok`` or the error's code)."""
+        self.requests.labels(code).inc()
+        self.request_seconds.labels(errors.outcome_class(code)).observe(seconds)
 
     # PoolObserver
     def queue_wait(self, seconds: float) -> None:

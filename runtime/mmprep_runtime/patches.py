@@ -23,11 +23,36 @@ def tokenizer_of(processor: Any) -> Any:
     return tokenizer if tokenizer is not None else processor
 
 
+_TRANSFORMS_ATTRIBUTE: Final = "_mmprep_input_transforms"
+
+
 def _call_with_defaults(self: Any, *args: Any, __mmprep_method: str, **kwargs: Any) -> Any:
     defaults: dict[str, dict[str, Any]] = getattr(self, _DEFAULTS_ATTRIBUTE)
     for key, value in defaults[__mmprep_method].items():
         kwargs.setdefault(key, value)
+    transform = getattr(self, _TRANSFORMS_ATTRIBUTE, {}).get(__mmprep_method)
+    if transform is not None:
+        param, function, extra = transform
+        if param in kwargs:
+            kwargs[param] = _apply(function, kwargs[param], extra)
+        elif args:
+            args = (_apply(function, args[0], extra), *args[1:])
     return getattr(type(self), __mmprep_method)(self, *args, **kwargs)
+
+
+def _apply(function: Any, value: Any, extra: tuple[Any, ...]) -> Any:
+    # Flat lists only: a single item or nested lists (a batch of lists, video frames) pass as they are.
+    return function(value, *extra) if isinstance(value, list) else value
+
+
+def bind_input_transform(obj: Any, method_name: str, param: str, function: Any, *extra: Any) -> None:
+    """Pass ``obj.<method_name>``'s ``param`` (keyword, or first positional) through
+    ``function(value, *extra)`` when it is a list. ``function`` must be module-level (deep copies
+    share it); the table lives on the instance, like the defaults."""
+    table: dict[str, tuple[str, Any, tuple[Any, ...]]] = dict(getattr(obj, _TRANSFORMS_ATTRIBUTE, {}))
+    table[method_name] = (param, function, extra)
+    setattr(obj, _TRANSFORMS_ATTRIBUTE, table)
+    bind_default_kwargs(obj, method_name)
 
 
 def _make_bound(method_name: str) -> types.FunctionType:

@@ -2,8 +2,10 @@
 
 On SIGTERM (what Kubernetes sends before killing a pod) or SIGINT: readiness turns 503 and new
 requests are refused, the listening socket closes, in-flight requests finish (up to the grace
-period), the pools stop, and the process exits 0. A processor that fails to load exits 1 with the
-reason on stderr.
+period), the pools stop, and the process exits 0. A processor that fails to load exits 1, and a
+CUDA device that cannot be started or warmed exits 3, with the reason on stderr and, given
+``--termination-log``, in that file (Kubernetes shows it as the container's termination message,
+and the operator reports it in the resource's status).
 """
 
 from __future__ import annotations
@@ -18,16 +20,21 @@ from typing import Any, Coroutine
 
 from aiohttp import web
 
-from mmprep_runtime import server
+from mmprep_runtime import cuda, server
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
 logger = logging.getLogger("mmprep_runtime.serve")
 
 EXIT_LOAD_FAILED = 1
 EXIT_USAGE = 2
+EXIT_DEVICE_FAILED = 3
+#: The kubelet keeps at most 4 KiB of a termination message.
+_TERMINATION_LIMIT = 4096
 
 
-async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None) -> int:
+async def run_server(
+    settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None
+) -> int:
     app = server.create_app(settings)
     state = app[server.STATE]
     # No access log: formatting a line per request on the event loop costs throughput at
@@ -60,7 +67,11 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
-    exit_code = 0 if state.startup_error is None else EXIT_LOAD_FAILED
+    exit_code = 0
+    if state.startup_error is not None:
+        exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
+        if termination_log:
+            write_termination_message(termination_log, str(state.startup_error))
     logger.info("shutting down: refusing new requests, finishing %d in flight",
                 state.admission.in_flight if state.admission else 0)
     state.draining = True
@@ -70,6 +81,15 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None)
     await runner.cleanup()
     logger.info("stopped")
     return exit_code
+
+
+def write_termination_message(path: str, message: str) -> None:
+    data = message.encode(errors="replace")[:_TERMINATION_LIMIT]
+    try:
+        with open(path, "wb") as out:
+            out.write(data)
+    except OSError as exc:
+        logger.warning("could not write the termination message to %s: %s", path, exc)
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, int]) -> int:
@@ -93,11 +113,16 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         settings = serve_settings_from_args(args, os.environ)
-    except SettingsError as exc:
+        # A bad device setting fails the start on any path: ignored on the CPU path, it would
+        # surface only when the pod lands on a GPU.
+        cuda.device_index(os.environ)
+    except (SettingsError, cuda.CudaUnavailable) as exc:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    code = run_event_loop(run_server(settings))
-    if code == EXIT_LOAD_FAILED:
+        if args.termination_log:
+            write_termination_message(args.termination_log, str(exc))
+        return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
+    code = run_event_loop(run_server(settings, termination_log=args.termination_log))
+    if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
         print("mmprep-runtime serve: the processor could not be started; the reason is logged above",
               file=sys.stderr)
     return code

@@ -173,7 +173,7 @@ async def handle_preprocess(request: web.Request) -> web.Response:
             logger.warning("preprocess failed (%d): %s", error.status, error.message)
         return _error_response(error)
     except asyncio.CancelledError:
-        outcome = "client_gone"  # the client disconnected (or the server is stopping)
+        outcome = errors.CLIENT_GONE  # the client disconnected (or the server is stopping)
         raise
     except Exception as exc:  # noqa: BLE001 - a bug: answer like every other failure, log the traceback
         logger.exception("preprocess failed unexpectedly")
@@ -181,8 +181,7 @@ async def handle_preprocess(request: web.Request) -> web.Response:
         outcome = internal.code
         return _error_response(internal)
     finally:
-        state.metrics.requests.labels(outcome).inc()
-        state.metrics.request_seconds.observe(time.perf_counter() - arrived)
+        state.metrics.answered(outcome, time.perf_counter() - arrived)
 
 
 async def handle_healthz(request: web.Request) -> web.Response:

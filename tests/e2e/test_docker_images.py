@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -238,6 +239,8 @@ def test_runtime_image_runs_the_deployment_the_operator_renders_and_serves(
         metrics = resp.read().decode()
     for name in ("mmprep_worker_busy_seconds_total", "mmprep_processor_workers", "mmprep_queue_wait_seconds_bucket"):
         assert f"\n{name}" in metrics, f"{name} missing from /metrics"
+    # The served-latency rule reads the ok class, which the request above landed in.
+    assert re.search(r'\nmmprep_request_seconds_count\{outcome="ok"\} [1-9]', metrics), "no served request counted"
     assert docker("exec", cid, "id", "-u").stdout.strip() == RUNTIME_UID
 
 

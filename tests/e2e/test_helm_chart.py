@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mmprep_runtime import errors
+
 from packaging_support import (
     CHART,
     REPO,
@@ -249,6 +251,9 @@ def test_alerts_use_metric_names_the_runtime_exports() -> None:
     assert used <= exported, f"alert rules use metrics the runtime does not export: {used - exported}"
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert "MmprepWorkersSaturated" in alerts
+    # The served latency reads the histogram's outcome classes, and only ones the runtime uses.
+    outcomes = {o for e in exprs for o in re.findall(r'outcome="([a-z_]+)"', e)}
+    assert "ok" in outcomes and outcomes <= set(errors.OUTCOME_CLASSES), outcomes
 
 
 def test_monitoring_objects_are_off_by_default() -> None:

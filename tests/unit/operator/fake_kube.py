@@ -121,6 +121,19 @@ class FakeKubeApi:
         self.deleted.append(name)
         self.objects.pop(("Deployment", namespace, name), None)
 
+    async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
+            if k == kind and ns == namespace and _matches(o["metadata"].get("labels", {}), selector)
+        ]
+
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        if kind == "Deployment":
+            self.deleted.append(name)
+        else:
+            self.deleted.append(f"{kind}/{name}")
+        self.objects.pop((kind, namespace, name), None)
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         job = self.objects.get(("Job", namespace, name))
         return copy.deepcopy(job) if job is not None else None

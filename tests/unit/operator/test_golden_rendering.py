@@ -115,7 +115,8 @@ def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
     spec = api.MultimodalPreprocessorSpec.model_validate(body["spec"])
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
     plan = make_plan(render.Owner("x", "ns", "u"), spec, nodes, probe.parse_result((DATA / "probe.json").read_text()), OperatorPolicy())
-    env = plan.objects[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    deployment = next(o for o in plan.objects if o["kind"] == "Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     values = [e["value"] for e in env if e["name"] == "MMPREP_PROCESSOR_WORKERS"]
     assert values[-1] == "1"  # Kubernetes uses the last duplicate
 

@@ -25,6 +25,7 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
     watched = {(h.selector.group, h.selector.any_name) for h in registry._watching.get_all_handlers()}
     assert watched == {
         ("", "nodes"), ("mmprep.dev", "multimodalpreprocessors"), ("apps", "deployments"), ("", "services"), ("batch", "jobs"),
+        ("policy", "poddisruptionbudgets"), ("", "pods"),
     }
     assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
 
@@ -32,7 +33,7 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
 def test_two_registries_do_not_share_handlers() -> None:
     a, b = build_registry(), build_registry()
     assert a is not b
-    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 5
+    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 7
 
 
 def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.Path) -> None:
@@ -74,6 +75,9 @@ async def test_startup_filters_children_on_the_server_and_starts_the_workers() -
         ("apps", "deployments"): "app.kubernetes.io/managed-by=mmprep-operator",
         ("", "services"): "app.kubernetes.io/managed-by=mmprep-operator",
         ("batch", "jobs"): "app.kubernetes.io/managed-by=mmprep-operator,app.kubernetes.io/component in (calibration,probe)",
+        ("policy", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=mmprep-operator",
+        # Runtime pods only (their scheduling and exits go into status), never the probe's.
+        ("", "pods"): "app.kubernetes.io/component=preprocessor,app.kubernetes.io/managed-by=mmprep-operator",
     }
     assert settings.posting.level == logging.WARNING
     assert StubState.started_with() == ["facts-a"]  # reads the live kopf index

@@ -107,7 +107,7 @@ async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployme
     cluster.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", H200, gpus=4)]
     await cluster.reconcile()
     assert sorted(cluster.api.kinds("Deployment")) == ["m-nvidia-h200-141gb-hbm3e"]
-    assert cluster.api.deleted == ["m-nvidia-gb300"]
+    assert cluster.api.deleted == ["m-nvidia-gb300", "PodDisruptionBudget/m-nvidia-gb300"]
     assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
     assert "PoolRemoved" in [e["reason"] for e in cluster.api.events]
 
@@ -149,7 +149,7 @@ async def test_report_first_reports_a_node_change_and_applies_in_a_second_pass(c
     assert len(cluster.api.applies) == applies and cluster.api.deleted == []
     assert (await cluster.reconcile()).kind == "done"
     assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
-    assert cluster.api.deleted == ["m-nvidia-gb300"]
+    assert cluster.api.deleted == ["m-nvidia-gb300", "PodDisruptionBudget/m-nvidia-gb300"]
 
 
 async def test_resources_with_the_same_placement_share_one_grouping_until_a_node_changes(
@@ -366,7 +366,7 @@ async def test_our_own_object_edited_by_someone_else_is_taken_back(cluster: Clus
 def watch_shows(cluster: Cluster) -> None:
     """Play the watch: feed the store every child as the API now holds it (with markers)."""
     for (kind, namespace, name), obj in cluster.api.objects.items():
-        if kind in ("Deployment", "Service"):
+        if kind in ("Deployment", "Service", "PodDisruptionBudget"):
             cluster.reconciler.children.observe(kind, "MODIFIED", obj)
 
 
@@ -376,17 +376,17 @@ async def test_unchanged_children_are_not_applied_again_until_someone_touches_th
     await cluster.reconcile()
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
     await cluster.reconcile()
-    assert len(cluster.api.applies) == 3  # 2 Deployments + Service
+    assert len(cluster.api.applies) == 5  # 2 Deployments, their 2 budgets, the Service
     watch_shows(cluster)
     await cluster.reconcile()
-    assert len(cluster.api.applies) == 3  # nothing changed, nothing sent
+    assert len(cluster.api.applies) == 5  # nothing changed, nothing sent
 
     # Readiness still comes through, from the watch.
     for name in cluster.api.kinds("Deployment"):
         cluster.api.set_ready(name, cluster.api.objects[("Deployment", "ns", name)]["spec"]["replicas"])
     watch_shows(cluster)
     await cluster.reconcile()
-    assert len(cluster.api.applies) == 3
+    assert len(cluster.api.applies) == 5
     assert cluster.condition("Ready") == ("True", "AllReplicasReady")
 
     # Someone edits a Deployment (its generation moves): applied again. Deleted: created again.
@@ -394,7 +394,7 @@ async def test_unchanged_children_are_not_applied_again_until_someone_touches_th
     dep["metadata"]["generation"] += 1
     watch_shows(cluster)
     await cluster.reconcile()
-    assert cluster.api.applies[3:] == [("Deployment", "m-nvidia-gb300")]
+    assert cluster.api.applies[5:] == [("Deployment", "m-nvidia-gb300")]
     await cluster.api.delete_deployment("ns", "m-nvidia-h200-141gb-hbm3e")
     cluster.reconciler.children.observe("Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-h200-141gb-hbm3e"}})
     await cluster.reconcile()
@@ -468,7 +468,7 @@ async def test_a_node_change_is_reported_from_the_watch_copy_without_a_get(clust
     assert len(cluster.api.applies) == applies
     # The second pass applies: from a GET (the copy is older than the status just written anyway).
     assert (await cluster.reconcile()).kind == "done"
-    assert cluster.api.gets == gets + 1 and cluster.api.deleted == ["m-nvidia-gb300"]
+    assert cluster.api.gets == gets + 1 and cluster.api.deleted == ["m-nvidia-gb300", "PodDisruptionBudget/m-nvidia-gb300"]
 
 
 async def test_readiness_is_reported_from_the_watch_copy(cluster: Cluster) -> None:

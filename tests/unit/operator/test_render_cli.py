@@ -46,17 +46,21 @@ def test_render_prints_one_deployment_per_pool_and_a_service(render) -> None:
     objects = [o for o in yaml.safe_load_all(out.stdout) if o]
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert kinds == [
-        ("Deployment", "qwen2-vl-nvidia-gb300"),
-        ("Deployment", "qwen2-vl-nvidia-h100-80gb-hbm3"),
-        ("Deployment", "qwen2-vl-nvidia-h200-141gb-hbm3e"),
         ("Service", "qwen2-vl"),
+        ("PodDisruptionBudget", "qwen2-vl-nvidia-gb300"),
+        ("Deployment", "qwen2-vl-nvidia-gb300"),
+        ("PodDisruptionBudget", "qwen2-vl-nvidia-h100-80gb-hbm3"),
+        ("Deployment", "qwen2-vl-nvidia-h100-80gb-hbm3"),
+        ("PodDisruptionBudget", "qwen2-vl-nvidia-h200-141gb-hbm3e"),
+        ("Deployment", "qwen2-vl-nvidia-h200-141gb-hbm3e"),
     ]
     assert "# pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap" in out.stdout
-    h200 = objects[2]
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    h200 = deployments[2]
     env = {e["name"]: e["value"] for e in h200["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MMPREP_PROCESSOR_WORKERS"] == "1" and env["MMPREP_DEVICE"] == "cuda"
     # 4 replicas over 1 + 1 + 2 nodes.
-    assert [o["spec"]["replicas"] for o in objects[:3]] == [1, 1, 2]
+    assert [o["spec"]["replicas"] for o in deployments] == [1, 1, 2]
 
 
 def test_render_without_probe_says_what_it_assumed_and_can_show_the_probe_job(render) -> None:

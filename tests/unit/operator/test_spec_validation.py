@@ -42,6 +42,10 @@ VIOLATIONS = [
         {"model": {"path": "/m"}, "workers": {"overrides": [{"gpuProduct": "H200", "gpuFamily": "hopper", "processor": 2}]}},
         "an override names exactly one of gpuProduct and gpuFamily",
     ),
+    (
+        {"model": {"path": "/m"}, "disruption": {"maxUnavailable": 1, "minAvailable": "50%"}},
+        "set at most one of disruption.maxUnavailable and disruption.minAvailable",
+    ),
 ]
 
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from mmprep_runtime import cli, cpus, engine, loading, policy, settings
+from mmprep_runtime import cli, cpus, cuda, engine, loading, policy, settings
 from mmprep_runtime.policy import Backend, Device, Path, Reason
 
 
@@ -167,17 +167,26 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
     # No GPU here: CUDA is declared available so the decision and the device patch can be checked;
     # no request is processed.
     monkeypatch.setattr(loading, "cuda_available", lambda: True)
+    # Stand-ins for the device calls (the real ones run in tests/gpu): record what start-up asked.
+    calls: list[str] = []
+    monkeypatch.setattr(cuda, "start", lambda: calls.append("start") or "cuda:0")
+    monkeypatch.setattr(cuda, "worker_init", lambda device: calls.append(f"stream {device}"))
+    monkeypatch.setattr(cuda, "warm_up", lambda processor, device: calls.append(f"warm-up {device}") or {"warmed": True})
+    monkeypatch.setattr(cuda, "describe", lambda device: {"device": device})
     model = loading.ModelSettings(str(qwen_dir), device=Device.AUTO)
     running = engine.start_engine(model)
     try:
         info = running.info()
-        assert (info["path"], info["device"]) == ("gpu", "cuda")
+        assert (info["path"], info["device"], info["cuda"]) == ("gpu", "cuda:0", {"device": "cuda:0"})
+        # CUDA first, each worker's stream, then the warm-up request on the device before start-up ends.
+        assert calls == ["start", "stream cuda:0", "warm-up cuda:0"]
         assert info["workers"]["processor"] == 1 and info["workers"]["reason"] == "GPUPathCap"
         assert "declares 2" in info["workers"]["message"]  # the Qwen2-VL table entry, capped
         clone = running.pool.submit(lambda processor: processor).result(30)
         bound = clone.image_processor.preprocess
         assert bound.__self__ is clone.image_processor, "the device patch rebinds to the worker's clone"
-        assert clone.image_processor._mmprep_default_kwargs == {"preprocess": {"device": "cuda"}}
+        assert clone.image_processor._mmprep_default_kwargs == {"preprocess": {"device": "cuda:0"}}
+        assert clone.image_processor._mmprep_input_transforms["preprocess"][1] is cuda.upload_images
     finally:
         running.close(timeout=30)
     pil = engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.AUTO, backend=Backend.PIL))

@@ -1,0 +1,71 @@
+"""Why a pool's pods are not ready, read from the pods themselves.
+
+A Deployment only counts ready pods; the reason a pod is not ready is on the pod: the scheduler's
+``PodScheduled=False`` condition (no node has room, none matches), or a container that exited
+with an error and the message it left in its termination log (a runtime that found no CUDA
+device). Pure: pods in, one ``PoolProblem`` per pool out; the reconciler lists the pods and
+``status.fold`` puts the answer into the condition message and ``pools[]``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from mmprep_operator import api
+
+UNSCHEDULABLE: Final = "Unschedulable"
+RUNTIME_FAILED: Final = "RuntimeFailed"
+#: Waiting reasons that will not resolve on their own (a crash loop is reported by its exit instead).
+_STUCK_WAITING: Final = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+_MESSAGE_LIMIT: Final = 512
+
+
+def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the pod cannot become ready by waiting, else None."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            # The scheduler's own words: "0/7 nodes are available: 2 Insufficient cpu, ...".
+            return condition.get("reason") or UNSCHEDULABLE, _clip(condition.get("message") or "no node fits the pod")
+    for container in status.get("containerStatuses") or ():
+        if container.get("ready"):
+            continue
+        state, last = container.get("state") or {}, container.get("lastState") or {}
+        terminated = state.get("terminated") or last.get("terminated")
+        if terminated and int(terminated.get("exitCode") or 0) != 0:
+            said = (terminated.get("message") or "").strip() or terminated.get("reason") or "no termination message"
+            return RUNTIME_FAILED, _clip(f"container {container.get('name')} exited with code {terminated.get('exitCode')}: {said}")
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in _STUCK_WAITING:
+            return str(waiting["reason"]), _clip(waiting.get("message") or waiting["reason"])
+    return None
+
+
+def pool_problems(pods: Iterable[Mapping[str, Any]], pool_of_label: Mapping[str, str], pool_label: str) -> dict[str, api.PoolProblem]:
+    """Per pool, the commonest problem of its pods (ties: the first seen) and how many pods have it.
+
+    ``pool_of_label`` maps the pool label's value back to the pool name; pods of pools not in it
+    (a pool that just vanished) and pods being deleted are left out.
+    """
+    seen: dict[str, collections.Counter[tuple[str, str]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pool = pool_of_label.get((meta.get("labels") or {}).get(pool_label, ""))
+        if pool is None or meta.get("deletionTimestamp"):
+            continue
+        problem = pod_problem(pod)
+        if problem is not None:
+            seen.setdefault(pool, collections.Counter())[problem] += 1
+    out = {}
+    for pool, counts in seen.items():
+        (reason, message), count = counts.most_common(1)[0]
+        out[pool] = api.PoolProblem(reason=reason, message=message, pods=count)
+    return out
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
