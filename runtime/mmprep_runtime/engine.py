@@ -47,6 +47,9 @@ class Engine:
                 "reason": self.decision.reason.value,
                 "message": self.decision.message,
                 "explicit_not_honoured": self.decision.explicit_not_honoured,
+                # A worker whose clone failed after start-up retires; the others keep serving.
+                "live": self.pool.live_workers,
+                "retired": [{"thread": r.thread, "error": r.error} for r in self.pool.retired],
             },
             "cloneable": self.clone_probe.cloneable,
             "clone_error": self.clone_probe.error,

@@ -14,6 +14,10 @@ it for its life.
   clone; without it each worker clones lazily on its first job.
 - ``probe_clone`` deep-copies once at startup. When that fails the pool runs one worker that uses
   the original object (the only thread that ever touches it) and reports why.
+- A clone can still fail later, inside one worker (memory runs out, a lazily loaded file went
+  away). That worker retires instead of failing every job it picks: its job goes back to the
+  queue for the others, and ``retired``/``live_workers`` say so. Only when no worker is left do
+  jobs fail, with ``NoWorkersLeft``; readiness follows ``live_workers``.
 
 Jobs are ``concurrent.futures.Future``\\s so the asyncio side can await them and cancel ones whose
 deadline passed before a worker picked them up. Admission (how many may wait) is the caller's
@@ -63,6 +67,8 @@ class PoolObserver(Protocol):
 
     def cloned(self, seconds: float) -> None: ...
 
+    def retired(self, live_workers: int) -> None: ...
+
 
 class _NullObserver:
     def queue_wait(self, seconds: float) -> None:
@@ -72,6 +78,9 @@ class _NullObserver:
         pass
 
     def cloned(self, seconds: float) -> None:
+        pass
+
+    def retired(self, live_workers: int) -> None:
         pass
 
 
@@ -88,6 +97,16 @@ _STOP = object()
 
 class PoolClosed(RuntimeError):
     pass
+
+
+class NoWorkersLeft(RuntimeError):
+    """Every worker retired because its processor clone failed; the pool cannot serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetiredWorker:
+    thread: str
+    error: str
 
 
 class ProcessorPool(Generic[P]):
@@ -120,6 +139,8 @@ class ProcessorPool(Generic[P]):
         self._busy = 0
         self._busy_seconds = 0.0
         self._clone_seconds: list[float] = []
+        self._retired: list[RetiredWorker] = []
+        self._warm_barrier: threading.Barrier | None = None
         self._closed = False
         self._local = threading.local()
         self._threads = [
@@ -155,6 +176,17 @@ class ProcessorPool(Generic[P]):
         with self._state_lock:
             return tuple(self._clone_seconds)
 
+    @property
+    def retired(self) -> tuple[RetiredWorker, ...]:
+        """Workers that stopped because cloning the processor failed in them, with why."""
+        with self._state_lock:
+            return tuple(self._retired)
+
+    @property
+    def live_workers(self) -> int:
+        with self._state_lock:
+            return len(self._threads) - len(self._retired)
+
     # -- use -----------------------------------------------------------------------------------
 
     def warm(self, timeout: float | None = None) -> None:
@@ -163,14 +195,24 @@ class ProcessorPool(Generic[P]):
         One job per worker, each waiting at a barrier until all are running: that forces the jobs
         onto distinct threads, so each thread clones exactly once here.
         """
-        barrier = threading.Barrier(self.workers)
+        while True:
+            live = self.live_workers
+            if live == 0:
+                raise NoWorkersLeft(self._no_workers_message())
+            barrier = self._warm_barrier = threading.Barrier(live)
 
-        def hold(_processor: P) -> None:
-            barrier.wait(timeout)
+            def hold(_processor: P, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait(timeout)
 
-        futures = [self.submit(hold) for _ in range(self.workers)]
-        for future in futures:
-            future.result(timeout)
+            futures = [self.submit(hold) for _ in range(live)]
+            broken = False
+            for future in futures:
+                try:
+                    future.result(timeout)
+                except threading.BrokenBarrierError:
+                    broken = True  # a worker retired meanwhile: warm the ones left
+            if not broken:
+                return
 
     def submit(self, function: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
         """Queue ``function(processor, *args)``; cancel the future to drop it before it starts."""
@@ -178,6 +220,8 @@ class ProcessorPool(Generic[P]):
         with self._state_lock:
             if self._closed:
                 raise PoolClosed("the processor pool is shut down")
+            if len(self._retired) == len(self._threads):
+                raise NoWorkersLeft(self._no_workers_message())
             self._waiting += 1
         self._jobs.put(_Job(function, args, future, time.perf_counter()))
         return future
@@ -215,6 +259,39 @@ class ProcessorPool(Generic[P]):
             self._local.processor = processor
         return processor
 
+    def _no_workers_message(self) -> str:
+        last = self._retired[-1].error if self._retired else "unknown"
+        return f"no processor worker left: cloning the processor failed in all {len(self._threads)} ({last})"
+
+    def _retire(self, job: _Job, error: BaseException) -> None:
+        """This worker cannot have a processor: hand its job on and stop taking jobs."""
+        name = threading.current_thread().name
+        with self._state_lock:
+            self._retired.append(RetiredWorker(name, f"{type(error).__name__}: {error}"))
+            live = len(self._threads) - len(self._retired)
+            if live > 0:
+                self._waiting += 1
+        logger.error("%s retired: cloning the processor failed (%s); %d worker(s) left", name, error, live)
+        self._observer.retired(live)
+        if self._warm_barrier is not None:
+            self._warm_barrier.abort()  # warm() waits for every worker; it warms the rest again
+        if live > 0:
+            self._jobs.put(job)  # another worker serves it
+            return
+        # The last one: nobody will ever take the queued jobs, so fail them all now.
+        failure = NoWorkersLeft(self._no_workers_message())
+        pending = [job]
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Job):
+                pending.append(item)
+        for item in pending:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(failure)
+
     def _work(self) -> None:
         if self._thread_init is not None:
             self._thread_init()
@@ -225,15 +302,22 @@ class ProcessorPool(Generic[P]):
             assert isinstance(job, _Job)
             with self._state_lock:
                 self._waiting -= 1
-            if not job.future.set_running_or_notify_cancel():
+            if job.future.cancelled():
                 continue  # its deadline passed while it waited: nobody wants the answer
+            try:
+                processor = self._processor()
+            except Exception as exc:  # noqa: BLE001 - any clone failure retires this worker
+                self._retire(job, exc)
+                return
+            if not job.future.set_running_or_notify_cancel():
+                continue
             started = time.perf_counter()
             self._observer.queue_wait(started - job.enqueued)
             with self._state_lock:
                 self._busy += 1
             outcome: tuple[bool, Any]
             try:
-                outcome = (True, job.function(self._processor(), *job.args))
+                outcome = (True, job.function(processor, *job.args))
             except BaseException as exc:  # noqa: BLE001 - the job fails, never the worker
                 outcome = (False, exc)
             # Account before resolving the future: whoever awaits it may read the stats next.

@@ -66,6 +66,14 @@ class Metrics:
         )
         self.cloneable = Gauge("mmprep_processor_cloneable", "1 if the processor can be deep-copied", registry=r)
         self.processor_workers = Gauge("mmprep_processor_workers", "Processor worker threads", registry=r)
+        self.live_workers = Gauge(
+            "mmprep_processor_workers_live",
+            "Processor workers still serving (a worker whose clone failed retires)",
+            registry=r,
+        )
+        self.retired_workers = Counter(
+            "mmprep_processor_workers_retired", "Processor workers retired because their clone failed", registry=r
+        )
         self.io_workers = Gauge("mmprep_io_workers", "IO (decode) threads", registry=r)
         self.intra_op_threads = Gauge("mmprep_intra_op_threads", "torch intra-op threads per worker", registry=r)
         self.in_flight = Gauge("mmprep_requests_in_flight", "Requests admitted and not yet answered", registry=r)
@@ -92,6 +100,10 @@ class Metrics:
     def cloned(self, seconds: float) -> None:
         self.worker_clone_seconds.observe(seconds)
 
+    def retired(self, live_workers: int) -> None:
+        self.retired_workers.inc()
+        self.live_workers.set(live_workers)
+
     def bind_live(
         self,
         *,
@@ -112,6 +124,7 @@ class Metrics:
         self.clone_seconds.set(info["clone_seconds"])
         self.cloneable.set(1 if info["cloneable"] else 0)
         self.processor_workers.set(workers["processor"])
+        self.live_workers.set(workers.get("live", workers["processor"]))
         self.io_workers.set(workers["io"])
         self.intra_op_threads.set(info["intra_op_threads"])
         self.info.info(

@@ -266,3 +266,61 @@ def test_the_tokenizer_lookup_treats_a_bare_tokenizer_as_its_own(qwen_dir, token
     clone = copy.deepcopy(processor)
     assert patches.tokenizer_of(clone) is clone.tokenizer
     assert patches.tokenizer_of(clone) is not patches.tokenizer_of(processor)
+
+
+class FailsToCloneAfter:
+    """Deep-copies ``good`` times, then every further copy fails (memory ran out, a file vanished)."""
+
+    def __init__(self, good: int) -> None:
+        self.left = [good]  # shared by the clones' originals: counts copies of the original
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "FailsToCloneAfter":
+        if self.left[0] <= 0:
+            raise MemoryError("cannot allocate the tokenizer's tables")
+        self.left[0] -= 1
+        clone = FailsToCloneAfter.__new__(FailsToCloneAfter)
+        clone.left = [0]
+        return clone
+
+    def __call__(self, value: int) -> tuple[int, int]:
+        return value * 2, threading.get_ident()
+
+
+def test_a_worker_whose_clone_fails_retires_and_the_others_keep_serving():
+    original = FailsToCloneAfter(good=1)
+    retired: list[int] = []
+
+    class Observer:
+        def queue_wait(self, seconds: float) -> None: ...
+        def processing(self, seconds: float) -> None: ...
+        def cloned(self, seconds: float) -> None: ...
+        def retired(self, live_workers: int) -> None:
+            retired.append(live_workers)
+
+    pool = executor.ProcessorPool(lambda: original, 3, observer=Observer())
+    try:
+        pool.warm(TIMEOUT)  # one clone succeeds, two fail: warm() settles on the one left
+        assert pool.live_workers == 1 and len(pool.retired) == 2
+        assert all("MemoryError: cannot allocate" in r.error for r in pool.retired)
+        assert sorted(retired) == [1, 2]
+        answers = [pool.submit(lambda p, v: p(v), v).result(TIMEOUT) for v in range(20)]
+        assert [a for a, _ in answers] == [v * 2 for v in range(20)]  # no request failed
+        assert len({thread for _, thread in answers}) == 1  # served by the one worker left
+    finally:
+        pool.shutdown()
+
+
+def test_jobs_fail_clearly_when_no_worker_is_left():
+    pool = executor.ProcessorPool(lambda: FailsToCloneAfter(good=0), 2)
+    try:
+        futures = [pool.submit(lambda p: p(1)) for _ in range(3)]
+        for future in futures:
+            with pytest.raises(executor.NoWorkersLeft, match="cloning the processor failed in all 2"):
+                future.result(TIMEOUT)
+        assert pool.live_workers == 0
+        with pytest.raises(executor.NoWorkersLeft):
+            pool.submit(lambda p: p(1))
+        with pytest.raises(executor.NoWorkersLeft):
+            pool.warm(TIMEOUT)
+    finally:
+        pool.shutdown()
