@@ -376,6 +376,12 @@ class ProbeResult(_Model):
     declared_workers: int | None = Field(
         None, validation_alias=_snake_or_camel("declared_workers"), description="Worker count the model declares it measured."
     )
+    thread_safe: bool = Field(
+        True, validation_alias=_snake_or_camel("thread_safe"), description="False when the model declares its processor not thread-safe."
+    )
+    declared_io_workers: int | None = Field(
+        None, validation_alias=_snake_or_camel("declared_io_workers"), description="IO worker count the model declares."
+    )
     clone_seconds: float | None = Field(
         None, validation_alias=_snake_or_camel("clone_seconds"), description="Time one deepcopy took."
     )

@@ -203,6 +203,8 @@ def not_needed_reason(decision: WorkerDecision) -> str | None:
     """Why a measurement could not change this pool's count: a rule above Measured decided it."""
     if decision.reason is Reason.NOT_CLONEABLE:
         return "the processor cannot be deep-copied, so 1 worker serves whatever a measurement says"
+    if decision.reason is Reason.NOT_THREAD_SAFE:
+        return "the model declares its processor not thread-safe, so 1 worker serves whatever a measurement says"
     if decision.reason is Reason.EXPLICIT:
         return f"spec.workers.processor asks for {decision.processor_workers} worker(s), which wins over a measurement"
     if decision.reason is Reason.OVERRIDE:

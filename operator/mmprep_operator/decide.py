@@ -98,6 +98,8 @@ def decide_pool(
         explicit_io=spec.workers.io,
         cloneable_error=probe.error,
         measured=measured,
+        thread_safe=probe.thread_safe,
+        declared_io=_usable_declared(probe.declared_io_workers),
     )
     source = match[1] if match and decision.reason.value == "Override" else None
     return PoolDecision(pool, decision, source)

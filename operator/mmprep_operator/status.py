@@ -171,8 +171,13 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         degraded = (
             "True",
             "ExplicitWorkersNotHonoured",
-            f"{p.explicit_not_honoured} processor workers were asked for, but the processor cannot be "
-            "deep-copied, so every pod runs 1 worker",
+            f"{p.explicit_not_honoured} processor workers were asked for, but "
+            + (
+                "the model declares its processor not thread-safe"
+                if p.reason == "NotThreadSafe"
+                else "the processor cannot be deep-copied"
+            )
+            + ", so every pod runs 1 worker",
         )
         blocking = False
     else:

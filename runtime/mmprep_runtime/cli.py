@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
     make.add_argument("--backend", choices=["torchvision", "pil"], default="torchvision",
                       help="image processor class written into the folder")
+    make.add_argument("--declared-io-workers", type=_positive_int, default=None,
+                      help="write mmprep.json declaring this IO (decode) worker count")
+    make.add_argument("--not-thread-safe", dest="thread_safe", action="store_false",
+                      help="write mmprep.json declaring the processor not thread-safe (1 worker)")
     make.add_argument("--declared-workers", type=_positive_int, default=None,
                       help="write mmprep.json declaring this processor worker count")
     return parser
@@ -139,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             out = testing_models.make_model(
-                args.kind, args.out, backend=args.backend, declared_workers=args.declared_workers
+                args.kind, args.out, backend=args.backend, declared_workers=args.declared_workers,
+                declared_io_workers=args.declared_io_workers, thread_safe=args.thread_safe,
             )
         except testing_models.ModelBuildError as exc:
             print(f"mmprep-runtime make-model: {exc}", file=sys.stderr)

@@ -137,6 +137,8 @@ def start_engine(
         explicit=processor_workers,
         declared=facts.declared_workers,
         explicit_io=io_workers,
+        thread_safe=facts.thread_safe,
+        declared_io=facts.declared_io_workers,
         cloneable_error=probe.error,
     )
     if decision.explicit_not_honoured is not None:

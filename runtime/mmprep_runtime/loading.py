@@ -54,6 +54,9 @@ class ProcessorFacts:
     sampling_rate: int | None
     image_token: str | None
     declared_workers: int | None
+    #: The model's own ``mmprep.json`` says its copies must not run concurrently (1 worker).
+    thread_safe: bool = True
+    declared_io_workers: int | None = None
     #: The ``fast_paths`` stand-ins bound on this processor (empty when off or not applicable).
     fast_paths: tuple[str, ...] = ()
 
@@ -67,6 +70,8 @@ class ProcessorFacts:
             "backend": self.backend,
             "feature_extractor_class": self.feature_extractor_class,
             "declared_workers": self.declared_workers,
+            "declared_io_workers": self.declared_io_workers,
+            "thread_safe": self.thread_safe,
         }
 
     def path(self, *, gpu_available: bool, device: policy.Device | str) -> policy.Path:
@@ -128,8 +133,14 @@ def _image_backend(image_processor: Any) -> str | None:
 
 
 def facts_of(
-    processor: Any, model: str, declared_workers: int | None, fast_paths: tuple[str, ...] = ()
+    processor: Any,
+    model: str,
+    declaration: declared.Declaration | int | None,
+    fast_paths: tuple[str, ...] = (),
 ) -> ProcessorFacts:
+    """``declaration``: the model's ``declared.Declaration`` (a bare count means only that)."""
+    if not isinstance(declaration, declared.Declaration):
+        declaration = declared.Declaration(processor_workers=declaration)
     image_processor = getattr(processor, "image_processor", None)
     feature_extractor = getattr(processor, "feature_extractor", None)
     backend = _image_backend(image_processor)
@@ -143,7 +154,9 @@ def facts_of(
         feature_extractor_class=type(feature_extractor).__name__ if feature_extractor is not None else None,
         sampling_rate=getattr(feature_extractor, "sampling_rate", None),
         image_token=getattr(processor, "image_token", None) if image_processor is not None else None,
-        declared_workers=declared_workers,
+        declared_workers=declaration.processor_workers,
+        thread_safe=declaration.thread_safe,
+        declared_io_workers=declaration.io_workers,
         fast_paths=fast_paths,
     )
 
@@ -183,11 +196,11 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
     try:
-        declared_count = declared.declared_workers(folder, type(processor).__name__)
+        declaration = declared.declaration_of(folder, type(processor).__name__)
     except declared.DeclarationError as exc:
         raise ModelLoadError(f"{settings.model!r}: {exc}") from exc
     bound = fast_paths.apply(processor) if settings.fast_paths else ()
-    return processor, facts_of(processor, settings.model, declared_count, bound)
+    return processor, facts_of(processor, settings.model, declaration, bound)
 
 
 def cuda_available() -> bool:

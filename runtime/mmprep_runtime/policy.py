@@ -30,6 +30,7 @@ class Reason(str, enum.Enum):
     """Why the processor worker count is what it is; the first rule that matched."""
 
     NOT_CLONEABLE = "NotCloneable"
+    NOT_THREAD_SAFE = "NotThreadSafe"
     EXPLICIT = "Explicit"
     OVERRIDE = "Override"
     MEASURED = "Measured"
@@ -124,9 +125,15 @@ def decide_workers(
     explicit_io: int | None = None,
     cloneable_error: str | None = None,
     measured: int | None = None,
+    thread_safe: bool = True,
+    declared_io: int | None = None,
 ) -> WorkerDecision:
-    """First match wins: NotCloneable, Explicit, Override, Measured, GPUPathCap, ModelDeclared,
-    CPUPathDefault.
+    """First match wins: NotCloneable, NotThreadSafe, Explicit, Override, Measured, GPUPathCap,
+    ModelDeclared, CPUPathDefault.
+
+    ``thread_safe=False`` is the model's own word (its ``mmprep.json``) that copies of its
+    processor must not run concurrently; like cloneability it caps even an explicit count.
+    IO workers: the explicit count, else what the model declares (``declared_io``), else 4.
 
     ``override`` is a per-GPU-product (or family) number from the spec or the operator's policy;
     ``measured`` is what a calibration run on the pool's own hardware chose: a measurement beats
@@ -139,7 +146,11 @@ def decide_workers(
     override = _check_count("override processor workers", override)
     declared = _check_count("declared processor workers", declared)
     measured = _check_count("measured processor workers", measured)
-    io_workers = _check_count("explicit io workers", explicit_io) or DEFAULT_IO_WORKERS
+    io_workers = (
+        _check_count("explicit io workers", explicit_io)
+        or _check_count("declared io workers", declared_io)
+        or DEFAULT_IO_WORKERS
+    )
 
     def made(workers: int, reason: Reason, message: str, not_honoured: int | None = None) -> WorkerDecision:
         return WorkerDecision(path, workers, io_workers, reason, message, not_honoured)
@@ -155,6 +166,16 @@ def decide_workers(
                 explicit,
             )
         return made(1, Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}; 1 worker")
+    if not thread_safe:
+        if explicit is not None and explicit > 1:
+            return made(
+                1,
+                Reason.NOT_THREAD_SAFE,
+                f"the model declares its processor not thread-safe; {explicit} workers were asked for, "
+                "but its copies must not run concurrently, so 1 worker serves",
+                explicit,
+            )
+        return made(1, Reason.NOT_THREAD_SAFE, "the model declares its processor not thread-safe; 1 worker")
     if explicit is not None:
         return made(explicit, Reason.EXPLICIT, f"{explicit} worker(s) asked for explicitly")
     if override is not None:

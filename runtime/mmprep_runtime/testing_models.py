@@ -167,6 +167,8 @@ def make_model(
     *,
     backend: str = "torchvision",
     declared_workers: int | None = None,
+    declared_io_workers: int | None = None,
+    thread_safe: bool = True,
 ) -> pathlib.Path:
     """Write a processor folder of ``kind`` into ``out`` (created; must be empty if it exists)."""
     try:
@@ -199,6 +201,7 @@ def make_model(
     if processor_config is not None:
         _write_json(out / "processor_config.json", processor_config)
 
-    if declared_workers is not None:
-        declared.write_sidecar(out, declared_workers)
+    declaration = declared.Declaration(declared_workers, declared_io_workers, thread_safe)
+    if declaration != declared.Declaration():
+        declared.write_sidecar(out, declaration)
     return out

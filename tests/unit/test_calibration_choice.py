@@ -129,3 +129,18 @@ def test_unreadable_reports_name_what_is_wrong(text: str, message: str) -> None:
 def test_the_report_is_compact_json() -> None:
     data = json.loads(Report(curve=tuple(curve(1.0)), chosen=1).to_json())
     assert data["curve"] == [{"workers": 1, "reqPerS": 1.0, "p50Ms": None, "p99Ms": None}]
+
+
+def test_a_processor_declared_not_thread_safe_gets_one_worker_even_when_more_are_asked_for() -> None:
+    plain = decide_workers(path=Path.CPU, cloneable=True, thread_safe=False)
+    assert (plain.processor_workers, plain.reason) == (1, Reason.NOT_THREAD_SAFE)
+    asked = decide_workers(path=Path.CPU, cloneable=True, thread_safe=False, explicit=4, measured=3)
+    assert (asked.processor_workers, asked.reason, asked.explicit_not_honoured) == (1, Reason.NOT_THREAD_SAFE, 4)
+    # Cloneability is the older, stronger fact: it names the reason when both hold.
+    assert decide_workers(path=Path.CPU, cloneable=False, thread_safe=False).reason is Reason.NOT_CLONEABLE
+
+
+def test_io_workers_come_from_the_explicit_count_then_the_models_declaration_then_the_default() -> None:
+    assert decide_workers(path=Path.CPU, cloneable=True).io_workers == 4
+    assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6).io_workers == 6
+    assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6, explicit_io=2).io_workers == 2

@@ -291,3 +291,15 @@ def test_sample_images_from_a_volume_replace_the_synthetic_ones() -> None:
     assert command[command.index("--samples") + 1] == "/samples/photos" and "--image" not in command
     with pytest.raises(ValueError, match="pattern"):
         api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "workers": {"calibrationSamples": "relative/path"}})
+
+
+async def test_a_model_declared_not_thread_safe_gets_one_worker_per_pool_and_its_io_workers() -> None:
+    probe = json.dumps({"cloneable": True, "fast_image_processor": True, "thread_safe": False, "declared_io_workers": 6})
+    cluster = Cluster()
+    await cluster.probed({**CPU_SPEC, "workers": {"calibrate": True, "processor": 3}}, probe)
+    pool = cluster.pools()["cpu"]
+    assert (pool["processorWorkers"], pool["reason"], pool["ioWorkers"]) == (1, "NotThreadSafe", 6)
+    assert pool["explicitNotHonoured"] == 3
+    assert pool["calibration"]["state"] == "NotNeeded"
+    degraded = next(c for c in cluster.status()["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ExplicitWorkersNotHonoured" and "not thread-safe" in degraded["message"]

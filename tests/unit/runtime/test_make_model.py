@@ -83,3 +83,25 @@ def test_cli_refuses_an_unknown_kind_and_a_non_empty_folder(tmp_path, capsys):
     (tmp_path / "full" / "file").write_text("x")
     assert cli.main(["make-model", "--kind", "llava", "--out", str(tmp_path / "full")]) == cli.EXIT_USAGE
     assert "not an empty folder" in capsys.readouterr().err
+
+
+def test_a_model_declares_thread_safety_and_io_workers_in_its_sidecar(tmp_path):
+    out = testing_models.make_model("llava", tmp_path / "m", declared_io_workers=6, thread_safe=False)
+    assert json.loads((out / declared.SIDECAR_NAME).read_text()) == {"io_workers": 6, "thread_safe": False}
+    assert declared.declaration_of(out, "LlavaProcessor") == declared.Declaration(None, 6, False)
+    # The built-in count still applies where the sidecar names none.
+    assert declared.declaration_of(out, "Qwen2VLProcessor").processor_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"thread_safety": False}, "unknown key"),
+        ({"thread_safe": "no"}, "true or false"),
+        ({"io_workers": 0}, "between"),
+    ],
+)
+def test_a_sidecar_that_says_something_wrong_is_refused(tmp_path, content, message):
+    (tmp_path / declared.SIDECAR_NAME).write_text(json.dumps(content))
+    with pytest.raises(declared.DeclarationError, match=message):
+        declared.read_sidecar(tmp_path)

@@ -207,3 +207,14 @@ def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_still_pro
     assert clone.image_processor.preprocess.__self__ is clone.image_processor
     out = clone(text="<|image_pad|>", images=[torch.zeros(3, 56, 56, dtype=torch.uint8)], return_tensors="pt")
     assert out["pixel_values"].device.type == "cpu" and out["pixel_values"].shape == (16, 1176)
+
+
+def test_a_model_declared_not_thread_safe_serves_with_one_worker_and_its_declared_io_workers(started, tmp_path):
+    from mmprep_runtime import testing_models
+
+    folder = testing_models.make_model("llava", tmp_path / "m", declared_workers=4, declared_io_workers=3, thread_safe=False)
+    running = started(folder, processor_workers=2)
+    assert (running.decision.processor_workers, running.decision.reason) == (1, Reason.NOT_THREAD_SAFE)
+    assert running.decision.explicit_not_honoured == 2 and running.pool.workers == 1
+    assert running.decision.io_workers == 3
+    assert running.info()["thread_safe"] is False
