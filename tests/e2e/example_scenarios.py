@@ -19,7 +19,10 @@ Expectation = dict[str, tuple[str, int, str]]
 
 
 def example_names() -> list[str]:
-    return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
+    names = sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
+    # Every loop over the examples would pass vacuously without them.
+    assert names, f"no examples found in {EXAMPLES}"
+    return names
 
 
 def load_example(name: str) -> dict[str, Any]:

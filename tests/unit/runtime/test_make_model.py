@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
-import time
 
 import pytest
 
@@ -67,10 +66,8 @@ def test_declared_workers_land_in_the_sidecar(tmp_path):
     assert declared.declared_workers(out, "LlavaProcessor") == 5
 
 
-def test_cli_builds_a_folder_in_well_under_a_few_seconds(tmp_path, capsys):
-    started = time.monotonic()
+def test_cli_builds_a_folder_and_prints_its_path(tmp_path, capsys):
     assert cli.main(["make-model", "--kind", "qwen2-vl", "--backend", "pil", "--out", str(tmp_path / "q")]) == 0
-    assert time.monotonic() - started < 3
     assert capsys.readouterr().out.strip() == str(tmp_path / "q")
     config = json.loads((tmp_path / "q" / "processor_config.json").read_text())
     assert config["image_processor"]["image_processor_type"] == "Qwen2VLImageProcessorPil"

@@ -65,6 +65,8 @@ def test_no_processor_object_is_ever_used_by_two_threads_at_once():
     objects_by_thread: dict[int, set[int]] = {}
     for object_id, thread_id in results:
         objects_by_thread.setdefault(thread_id, set()).add(object_id)
+    # Without this the checks below would hold for a pool that ran everything on one thread.
+    assert len(objects_by_thread) > 1, "only one worker thread did any work"
     # each thread used exactly one object, no two threads the same one, and never the original
     assert all(len(objects) == 1 for objects in objects_by_thread.values())
     used = [next(iter(objects)) for objects in objects_by_thread.values()]
@@ -89,8 +91,11 @@ def test_the_pool_clones_what_the_resolver_returns_at_first_use_not_at_construct
     holder = {"processor": ConcurrencyDetector()}
     pool = executor.ProcessorPool(lambda: holder["processor"], 1)
     try:
-        # Customized after the pool exists, like a subclass finishing its __init__.
-        holder["processor"].customized = "yes"
+        # Replaced after the pool exists (as a backend swap does): a pool that had taken the object
+        # at construction would clone the old one, which an in-place change could not reveal.
+        replacement = ConcurrencyDetector()
+        replacement.customized = "yes"
+        holder["processor"] = replacement
         seen = pool.submit(lambda processor: processor.customized).result(TIMEOUT)
     finally:
         pool.shutdown()

@@ -192,7 +192,10 @@ def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tm
         assert row["requests"] > 0 and row["req_per_s"] > 0
         assert row["p50_ms"] <= row["p99_ms"]
         assert row["cpu_ms_per_request"] > 0 and row["rss_mb"] > 0
-    assert report["results"][0]["speedup_vs_1_worker"] == 1.0
+    one, two = report["results"]
+    assert two["speedup_vs_1_worker"] == pytest.approx(two["req_per_s"] / one["req_per_s"], abs=1e-3)
+    assert two["throughput_vs_direct"] == pytest.approx(two["req_per_s"] / report["direct"]["req_per_s"], abs=1e-3)
+    assert (one["workers"], two["workers"]) == (1, 2)
     # The pool's own cost per job, from jobs that do nothing: measured, and far below a real call.
     dispatch = report["dispatch"]
     assert dispatch["workers"] == 1 and dispatch["jobs"] > 0

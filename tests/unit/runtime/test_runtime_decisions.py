@@ -196,17 +196,29 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
         pil.close(timeout=30)
 
 
-def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_still_processes(qwen_dir):
+def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_reaches_the_processing(qwen_dir, monkeypatch):
     import copy
 
     import torch
 
     processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    # Watch what the image processor's own preprocess receives when the whole processor runs:
+    # the binding is only real if the device reaches it, on the clone, through the normal call path.
+    image_processor_class = type(processor.image_processor)
+    library_preprocess = image_processor_class.preprocess
+    seen: list[tuple[object, object]] = []
+
+    def watched(self, *args, **kwargs):
+        seen.append((self, kwargs.get("device")))
+        return library_preprocess(self, *args, **kwargs)
+
+    monkeypatch.setattr(image_processor_class, "preprocess", watched)
     loading.bind_device(processor, "cpu")
     clone = copy.deepcopy(processor)
     assert clone.image_processor.preprocess.__self__ is clone.image_processor
     out = clone(text="<|image_pad|>", images=[torch.zeros(3, 56, 56, dtype=torch.uint8)], return_tensors="pt")
-    assert out["pixel_values"].device.type == "cpu" and out["pixel_values"].shape == (16, 1176)
+    assert out["pixel_values"].shape == (16, 1176)
+    assert seen == [(clone.image_processor, "cpu")]  # the clone's own processor, with the bound device
 
 
 def test_a_model_declared_not_thread_safe_serves_with_one_worker_and_its_declared_io_workers(started, tmp_path):
