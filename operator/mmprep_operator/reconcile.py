@@ -416,7 +416,7 @@ class Reconciler:
             return {}
         pods = await self.api.list_pods(owner.namespace, render.selector_string(owner))
         by_label = {naming.label_value(name): name for name in short}
-        return podstates.pool_problems(pods, by_label, render.LABEL_POOL)
+        return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
 
     # --------------------------------------------------------------------------------- status
 
