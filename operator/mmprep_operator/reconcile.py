@@ -527,8 +527,8 @@ class Reconciler:
 
 
 def _decided(pools: Iterable[api.PoolStatus]) -> list[dict[str, Any]]:
-    """The pools as decided: everything in their status but the observed readiness."""
-    return [p.model_dump(exclude={"ready_replicas"}) for p in pools]
+    """The pools as decided: everything in their status but what is observed of their pods."""
+    return [p.model_dump(exclude={"ready_replicas", "problem"}) for p in pools]
 
 
 def _namespace_terminating(error: ApiError) -> bool:
