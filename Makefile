@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test unit demo cluster-up cluster-down cluster-status control-plane crd
+.PHONY: venv test unit gpu-check demo cluster-up cluster-down cluster-status control-plane crd
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: venv control-plane
 
 unit: venv
 	$(PY) -m pytest tests/unit
+
+# The CUDA tests and the GPU-path bench (1 and 2 workers, the CPU path beside it); GPU machines only.
+gpu-check: venv
+	hack/gpu-check.sh
 
 # --- local control plane (hack/): real etcd, kube-apiserver, controller-manager, scheduler, KWOK
 control-plane:

@@ -3,7 +3,7 @@
 A Deployment only counts ready pods; the reason a pod is not ready is on the pod: the scheduler's
 ``PodScheduled=False`` condition (no node has room, none matches), or a container that exited
 with an error and the message it left in its termination log (a runtime that found no CUDA
-device). Pure: pods in, one ``PoolProblem`` per pool out; the reconciler lists the pods and
+device exits ``DeviceFailed``, one whose processor does not load ``LoadFailed``). Pure: pods in, one ``PoolProblem`` per pool out; the reconciler lists the pods and
 ``status.fold`` puts the answer into the condition message and ``pools[]``.
 """
 
@@ -13,10 +13,14 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from mmprep_runtime import exits
+
 from mmprep_operator import api
 
 UNSCHEDULABLE: Final = "Unschedulable"
 RUNTIME_FAILED: Final = "RuntimeFailed"
+#: Runtime exits that say more than "it failed" (``mmprep_runtime.exits``).
+_EXIT_REASONS: Final = {exits.EXIT_DEVICE_FAILED: "DeviceFailed", exits.EXIT_LOAD_FAILED: "LoadFailed"}
 #: Waiting reasons that will not resolve on their own (a crash loop is reported by its exit instead).
 _STUCK_WAITING: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -24,8 +28,9 @@ _STUCK_WAITING: Final = frozenset(
 _MESSAGE_LIMIT: Final = 512
 
 
-def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) when the pod cannot become ready by waiting, else None."""
+def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> tuple[str, str] | None:
+    """(reason, message) when the pod cannot become ready by waiting, else None. Exit codes are
+    read as the runtime's only for the container named ``runtime_container``."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or ():
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
@@ -38,14 +43,18 @@ def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         terminated = state.get("terminated") or last.get("terminated")
         if terminated and int(terminated.get("exitCode") or 0) != 0:
             said = (terminated.get("message") or "").strip() or terminated.get("reason") or "no termination message"
-            return RUNTIME_FAILED, _clip(f"container {container.get('name')} exited with code {terminated.get('exitCode')}: {said}")
+            code = int(terminated.get("exitCode") or 0)
+            reason = _EXIT_REASONS.get(code, RUNTIME_FAILED) if container.get("name") == runtime_container else RUNTIME_FAILED
+            return reason, _clip(f"container {container.get('name')} exited with code {code}: {said}")
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in _STUCK_WAITING:
             return str(waiting["reason"]), _clip(waiting.get("message") or waiting["reason"])
     return None
 
 
-def pool_problems(pods: Iterable[Mapping[str, Any]], pool_of_label: Mapping[str, str], pool_label: str) -> dict[str, api.PoolProblem]:
+def pool_problems(
+    pods: Iterable[Mapping[str, Any]], pool_of_label: Mapping[str, str], pool_label: str, runtime_container: str = "runtime"
+) -> dict[str, api.PoolProblem]:
     """Per pool, the commonest problem of its pods (ties: the first seen) and how many pods have it.
 
     ``pool_of_label`` maps the pool label's value back to the pool name; pods of pools not in it
@@ -57,7 +66,7 @@ def pool_problems(pods: Iterable[Mapping[str, Any]], pool_of_label: Mapping[str,
         pool = pool_of_label.get((meta.get("labels") or {}).get(pool_label, ""))
         if pool is None or meta.get("deletionTimestamp"):
             continue
-        problem = pod_problem(pod)
+        problem = pod_problem(pod, runtime_container)
         if problem is not None:
             seen.setdefault(pool, collections.Counter())[problem] += 1
     out = {}

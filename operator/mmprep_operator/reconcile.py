@@ -511,7 +511,7 @@ class Reconciler:
             return {}
         pods = await self.api.list_pods(owner.namespace, render.selector_string(owner))
         by_label = {naming.label_value(name): name for name in short}
-        return podstates.pool_problems(pods, by_label, render.LABEL_POOL)
+        return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
 
     # --------------------------------------------------------------------------------- status
 
@@ -622,8 +622,8 @@ class Reconciler:
 
 
 def _decided(pools: Iterable[api.PoolStatus]) -> list[dict[str, Any]]:
-    """The pools as decided: everything in their status but the observed readiness."""
-    return [p.model_dump(exclude={"ready_replicas"}) for p in pools]
+    """The pools as decided: everything in their status but what is observed of their pods."""
+    return [p.model_dump(exclude={"ready_replicas", "problem"}) for p in pools]
 
 
 def _namespace_terminating(error: ApiError) -> bool:

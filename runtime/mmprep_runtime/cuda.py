@@ -110,18 +110,22 @@ def worker_init(device: str) -> None:
 
 
 def upload_images(images: Sequence[Any], device: str) -> list[Any]:
-    """RGB PIL images as uint8 CHW tensors on ``device``, copied from pinned host memory without
-    blocking the worker; anything else is left to the processor (it converts modes, e.g. RGBA)."""
+    """Images as uint8 CHW tensors on ``device``, copied from pinned host memory without blocking
+    the worker: the CHW tensors JPEG decoding makes for fast processors, and RGB PIL images;
+    anything else is left to the processor (it converts modes, e.g. RGBA)."""
     import numpy as np
     import torch
 
     out = []
     on_cuda = device.startswith("cuda")
     for image in images:
-        if getattr(image, "mode", None) != "RGB":
+        if isinstance(image, torch.Tensor) and image.device.type == "cpu" and image.dtype == torch.uint8:
+            tensor = image
+        elif getattr(image, "mode", None) == "RGB":
+            tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()
+        else:
             out.append(image)
             continue
-        tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()
         if on_cuda:
             # The copy is queued on this worker's stream; the pinned buffer is kept alive by the
             # caching host allocator until the copy is done.

@@ -165,8 +165,12 @@ def start_engine(
         pool.warm(warm_timeout)
         if device != "cpu":
             # One request's image work on the device before readiness (see ``cuda.warm_up``).
-            pool.submit(cuda.warm_up, device).result(warm_timeout)
-            engine.cuda = cuda.describe(device)
+            try:
+                pool.submit(cuda.warm_up, device).result(warm_timeout)
+                engine.cuda = cuda.describe(device)
+            except BaseException:
+                engine.close(timeout=warm_timeout)  # a failed start leaves no workers behind
+                raise
     logger.info(
         "engine ready: %s on %s path, %d processor worker(s) x %d intra-op thread(s) of %d usable CPU(s)",
         facts.processor_class, path.value, decision.processor_workers, threads, usable,

@@ -20,14 +20,14 @@ from typing import Any, Coroutine
 
 from aiohttp import web
 
-from mmprep_runtime import cuda, server
+from mmprep_runtime import cuda, exits, server
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
 logger = logging.getLogger("mmprep_runtime.serve")
 
-EXIT_LOAD_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DEVICE_FAILED = 3
+EXIT_LOAD_FAILED = exits.EXIT_LOAD_FAILED
+EXIT_USAGE = exits.EXIT_USAGE
+EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 #: The kubelet keeps at most 4 KiB of a termination message.
 _TERMINATION_LIMIT = 4096
 

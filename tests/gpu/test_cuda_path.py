@@ -60,8 +60,11 @@ def test_uploads_land_on_the_device_and_outputs_match_the_cpu_within_tolerance(q
     on_cpu, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
     on_gpu, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
     loading.bind_device(on_gpu, "cuda:0")
-    uploaded = cuda.upload_images([image], "cuda:0")
-    assert uploaded[0].device.type == "cuda"
+    decoded = torch.randint(0, 255, (3, 48, 64), dtype=torch.uint8)
+    uploaded = cuda.upload_images([image, decoded], "cuda:0")
+    assert [u.device.type for u in uploaded] == ["cuda", "cuda"]
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(uploaded[1].cpu(), decoded)
     text = f"look {testing_models.QWEN_IMAGE_PLACEHOLDER}"
     cpu_out = on_cpu(text=text, images=[image], return_tensors="pt")
     gpu_out = on_gpu(text=text, images=[image], return_tensors="pt")

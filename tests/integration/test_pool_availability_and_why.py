@@ -114,9 +114,9 @@ def test_a_runtime_that_refuses_to_start_is_reported_with_its_termination_messag
         env=[{"name": "MMPREP_CUDA_DEVICE", "value": "gpu0"}],
     )
     kube.create_mmp(namespace, "refuses", spec)
-    obj = kube.wait_mmp(namespace, "refuses", lambda o: (condition(o, "Ready") or {}).get("reason") == "RuntimeFailed", 240, what="RuntimeFailed")
+    obj = kube.wait_mmp(namespace, "refuses", lambda o: (condition(o, "Ready") or {}).get("reason") == "DeviceFailed", 240, what="DeviceFailed")
     [pool] = pools(obj)
-    assert pool["problem"]["reason"] == "RuntimeFailed"
+    assert pool["problem"]["reason"] == "DeviceFailed"
     assert pool["problem"]["message"] == (
         "container runtime exited with code 3: MMPREP_CUDA_DEVICE must be a device index (0, 1, ...), got 'gpu0'"
     )

@@ -151,7 +151,7 @@ def pending_pod(pool: str, message: str, name: str = "p") -> dict[str, Any]:
     }
 
 
-def crashed_pod(pool: str, message: str) -> dict[str, Any]:
+def crashed_pod(pool: str, message: str, code: int = 3, container: str = "runtime") -> dict[str, Any]:
     return {
         "metadata": {"name": "c", "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY}},
         "status": {
@@ -159,11 +159,11 @@ def crashed_pod(pool: str, message: str) -> dict[str, Any]:
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
             "containerStatuses": [
                 {
-                    "name": "runtime",
+                    "name": container,
                     "ready": False,
                     "restartCount": 2,
                     "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}},
+                    "lastState": {"terminated": {"exitCode": code, "reason": "Error", "message": message}},
                 }
             ],
         },
@@ -175,8 +175,11 @@ def test_the_scheduler_and_the_container_say_why_a_pool_has_no_ready_pods() -> N
     pods = [pending_pod("cpu", said, "a"), pending_pod("cpu", said, "b"), crashed_pod("gpu", "device cuda: CUDA is not available")]
     problems = podstates.pool_problems(pods, {"cpu": "cpu", "gpu": "gpu"}, render.LABEL_POOL)
     assert (problems["cpu"].reason, problems["cpu"].message, problems["cpu"].pods) == ("Unschedulable", said, 2)
-    assert problems["gpu"].reason == "RuntimeFailed"
-    assert problems["gpu"].message == "container runtime exited with code 1: device cuda: CUDA is not available"
+    assert problems["gpu"].reason == "DeviceFailed"  # the runtime's exit code for a device it cannot use
+    assert problems["gpu"].message == "container runtime exited with code 3: device cuda: CUDA is not available"
+    for code, container, reason in [(1, "runtime", "LoadFailed"), (137, "runtime", "RuntimeFailed"), (3, "sidecar", "RuntimeFailed")]:
+        (problem,) = podstates.pool_problems([crashed_pod("gpu", "x", code, container)], {"gpu": "gpu"}, render.LABEL_POOL).values()
+        assert problem.reason == reason, (code, container)
     running = {"metadata": {"labels": {render.LABEL_POOL: "cpu"}}, "status": {"phase": "Running", "containerStatuses": [{"ready": True}]}}
     assert podstates.pool_problems([running], {"cpu": "cpu"}, render.LABEL_POOL) == {}
 

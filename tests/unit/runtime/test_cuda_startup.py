@@ -66,8 +66,10 @@ def test_uploaded_images_are_the_tensors_the_processor_makes_of_the_images(qwen_
     # On the CPU the upload is the conversion alone; the processor must answer the same for both.
     rgb = Image.effect_noise((70, 50), 40).convert("RGB")
     rgba = Image.new("RGBA", (32, 32), (1, 2, 3, 4))
-    converted = cuda.upload_images([rgb, rgba], "cpu")
+    decoded = torch.zeros(3, 8, 8, dtype=torch.uint8)  # what JPEG decoding gives a fast processor
+    converted = cuda.upload_images([rgb, rgba, decoded], "cpu")
     assert converted[1] is rgba  # modes the processor converts itself are left to it
+    assert converted[2] is decoded  # already the tensor the processor takes; on CUDA it is uploaded
     assert converted[0].dtype == torch.uint8 and tuple(converted[0].shape) == (3, 50, 70)
     processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
     from_images = processor.image_processor(images=[rgb], return_tensors="pt")["pixel_values"]

@@ -196,6 +196,29 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
         pil.close(timeout=30)
 
 
+def test_a_warm_up_that_fails_on_the_device_fails_the_start_and_stops_the_workers(monkeypatch, qwen_dir):
+    monkeypatch.setattr(loading, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "start", lambda: "cuda:0")
+    monkeypatch.setattr(cuda, "worker_init", lambda device: None)
+    pools: list[object] = []
+    real_pool = engine.executor.ProcessorPool
+
+    def recording_pool(*args, **kwargs):
+        pools.append(real_pool(*args, **kwargs))
+        return pools[-1]
+
+    def failing_warm_up(processor, device):
+        raise cuda.CudaUnavailable(f"device cuda: the warm-up request failed on {device}: RuntimeError: CUDA error")
+
+    monkeypatch.setattr(engine.executor, "ProcessorPool", recording_pool)
+    monkeypatch.setattr(cuda, "warm_up", failing_warm_up)
+    with pytest.raises(cuda.CudaUnavailable, match="warm-up request failed on cuda:0"):
+        engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.CUDA))
+    (pool,) = pools
+    with pytest.raises(Exception, match="shut down"):
+        pool.submit(lambda processor: None)
+
+
 def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_reaches_the_processing(qwen_dir, monkeypatch):
     import copy
 
