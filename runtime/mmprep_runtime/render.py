@@ -247,7 +247,7 @@ def render(processor: Any, request: openai_chat.RenderRequest, facts: ProcessorF
             f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)"
         )
     items = _items(outputs, len(images), model.dtype if not model.device_normalize else None)
-    hashes = [vllm_format.mm_hash(model.model_id, "image", identity, model.processor_kwargs) for identity in encoded]
+    hashes = [vllm_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
     return Rendered(token_ids, hashes, placeholders, items, request)
 
 
@@ -279,27 +279,38 @@ _OUTPUT_KIND_DELTA: Final = 1
 _OUTPUT_KIND_FINAL_ONLY: Final = 2
 
 
+#: ``ChatCompletionRequest``'s float sampling fields with their OpenAI defaults: vLLM always
+#: serializes them (msgspec omits a default only when it is the very default object).
+_FLOAT_FIELDS: Final = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                        "temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+#: Fields serialized only when they differ from ``SamplingParams``' defaults.
+_OTHER_DEFAULTS: Final = {"top_k": 0, "n": 1, "min_tokens": 0, "ignore_eos": False, "skip_special_tokens": True,
+                          "spaces_between_special_tokens": True, "include_stop_str_in_output": False}
+
+
 def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
-    """``sampling_params`` as vLLM's render serializes them: the fields that differ from
-    ``SamplingParams``' defaults (msgspec omits defaults)."""
+    """``sampling_params`` as vLLM's render serializes the ``SamplingParams`` it builds."""
     if prompt_tokens > max_model_len:
         raise errors.BadRequest(
             f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len})."
         )
     room = max_model_len - prompt_tokens
     max_tokens = min(room, request.max_tokens) if request.max_tokens is not None else room
-    params: dict[str, Any] = {}
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
-                "frequency_penalty": 0.0, "repetition_penalty": 1.0, "ignore_eos": False, "min_tokens": 0,
-                "skip_special_tokens": True, "spaces_between_special_tokens": True,
-                "include_stop_str_in_output": False, "n": 1}
-    for name, value in request.sampling.items():
-        if name in defaults and value == defaults[name]:
-            continue
-        params[name] = float(value) if isinstance(defaults.get(name), float) else value
+    sampling = request.sampling
+    params: dict[str, Any] = {name: float(sampling.get(name, default)) for name, default in _FLOAT_FIELDS.items()}
+    for name, default in _OTHER_DEFAULTS.items():
+        if name in sampling and sampling[name] != default:
+            params[name] = sampling[name]
+    if "seed" in sampling:
+        params["seed"] = sampling["seed"]
+    stop = sampling.get("stop") or []
+    params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    params["stop_token_ids"] = list(sampling.get("stop_token_ids") or [])
     params["max_tokens"] = max_tokens
     params["output_kind"] = _OUTPUT_KIND_DELTA if request.stream else _OUTPUT_KIND_FINAL_ONLY
     params["skip_clone"] = True
+    params["bad_words"] = []
+    params["skip_reading_prefix_cache"] = False
     return params
 
 
@@ -322,8 +333,12 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
             "mm_metadata": {"image": [vllm_format.encode_kwargs_item(m) if m else None for m in metadata]},
         }
     if request.chat:
+        # The template arguments the answer was rendered with, vLLM's server defaults included.
+        template_kwargs = {"cohere_format": "cmd4", "add_generation_prompt": request.add_generation_prompt,
+                           "continue_final_message": False}
         body["parse_context"] = {"tools": None, "tool_choice": "none", "parallel_tool_calls": True,
-                                 "include_reasoning": True, "chat_template_kwargs": {}, "history_tool_call_cnt": 0}
+                                 "include_reasoning": True, "chat_template_kwargs": template_kwargs,
+                                 "history_tool_call_cnt": 0}
     return body
 
 

@@ -34,6 +34,7 @@ RAW_VIEW_EXT: Final = 3
 
 #: What vLLM sets on the processor when it leaves rescale/normalize to the GPU
 #: (``mm_device_do_normalize``, its default for models that support it, Qwen2-VL among them).
+#: It is applied after hashing: it never joins an item's hash.
 DEVICE_NORMALIZE_KWARGS: Final = {"do_normalize": False, "do_rescale": False}
 
 
@@ -97,7 +98,9 @@ def _item(key: str, value: object) -> Iterator[bytes | memoryview]:
 
 
 def mm_hash(model_id: str, modality: str, item: EncodedImage, processor_kwargs: Mapping[str, Any]) -> str:
-    """The hex digest vLLM gives ``item`` (blake3, vLLM's default ``mm_hasher_algorithm``)."""
+    """The hex digest vLLM gives ``item`` (blake3, vLLM's default ``mm_hasher_algorithm``).
+
+    ``processor_kwargs``: per-request processor arguments (none from this server's API)."""
     from blake3 import blake3
 
     factors: dict[str, object] = {"model_id": model_id, modality: item}
@@ -115,15 +118,20 @@ def mm_hash(model_id: str, modality: str, item: EncodedImage, processor_kwargs: 
 
 @dataclasses.dataclass(frozen=True)
 class FlatField:
-    """Each item is a slice along ``dim`` of one tensor (``pixel_values`` of all images)."""
+    """Each item is a slice along ``dim`` of one tensor (``pixel_values`` of all images).
+
+    Every item carries the slices of all items of its request, each one a tuple of per-dimension
+    slices (vLLM's ``flat_from_sizes`` form), a slice being ``[start, stop, step]``."""
 
     slices: tuple[tuple[int, int], ...]
     keep_on_cpu: bool = False
     dim: int = 0
 
     def wire(self) -> list[Any]:
+        leading = [[None, None, None]] * self.dim
         return ["flat", {"keep_on_cpu": self.keep_on_cpu,
-                         "slices": [[start, stop, None] for start, stop in self.slices], "dim": self.dim}]
+                         "slices": [[*leading, [start, stop, None]] for start, stop in self.slices],
+                         "dim": self.dim}]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,12 @@ import sys
 from typing import Any
 
 
+def _plain_slices(value: Any) -> Any:
+    if isinstance(value, slice):
+        return (value.start, value.stop, value.step)
+    return [_plain_slices(v) for v in value]
+
+
 def _field_signature(field: Any) -> tuple[Any, ...]:
     import dataclasses
 
@@ -26,7 +32,7 @@ def _field_signature(field: Any) -> tuple[Any, ...]:
     for f in dataclasses.fields(field):
         value = getattr(field, f.name)
         if f.name == "slices":
-            value = [(s.start, s.stop, s.step) for s in value]
+            value = _plain_slices(value)
         values.append((f.name, value))
     return (type(field).__name__, tuple(values))
 
