@@ -391,3 +391,5 @@ class RenderApi:
 class ModelNotFound(errors.RequestError):
     status = 404
     code = "model_not_found"
+    #: The request field at fault, in vLLM's error JSON.
+    param = "model"

@@ -198,8 +198,8 @@ async def handle_preprocess(request: web.Request) -> web.Response:
 
 
 def _vllm_error(error: errors.RequestError) -> web.Response:
-    return web.json_response(vllm_format.error_body(error.message, error.status), status=error.status,
-                             headers=error.headers)
+    return web.json_response(vllm_format.error_body(error.message, error.status, getattr(error, "param", None)),
+                             status=error.status, headers=error.headers)
 
 
 def _render_handler(chat: bool) -> Handler:
@@ -232,8 +232,13 @@ async def handle_models(request: web.Request) -> web.Response:
     if state.render_model is None:
         return _vllm_error(errors.NotReady("not ready: the processor is loading"))
     model = state.render_model
+    permission = {"id": f"modelperm-{state.started:x}", "object": "model_permission", "created": state.started,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}
     card = {"id": model.served_name, "object": "model", "created": state.started, "owned_by": "vllm",
-            "root": model.model_id, "parent": None, "max_model_len": model.max_model_len}
+            "root": model.model_id, "parent": None, "max_model_len": model.max_model_len,
+            "permission": [permission]}
     return web.json_response({"object": "list", "data": [card]})
 
 
