@@ -41,8 +41,20 @@ from mmprep_runtime import testing_media, testing_models, versions
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE.parent / "runtime"))
-from run_benchmark import free_port, machine_busy_seconds, parse_wrk  # noqa: E402  (the runtime benchmark's)
+
+def _runtime_benchmark() -> Any:
+    """The runtime benchmark's helpers (wrk output parsing, CPU accounting): one implementation."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("runtime_benchmark", HERE.parent / "runtime" / "run_benchmark.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_RUNTIME = _runtime_benchmark()
+free_port, machine_busy_seconds, parse_wrk = _RUNTIME.free_port, _RUNTIME.machine_busy_seconds, _RUNTIME.parse_wrk
 
 IMAGE_SIZE = (1280, 960)
 CHAT_PATH = "/v1/chat/completions/render"
@@ -122,6 +134,7 @@ class Server:
     def load(self, seconds: float, *, measure: bool) -> None:
         cpu_before = process_tree_cpu(self.process.pid)
         machine_before = machine_busy_seconds()
+        wrk_before = _RUNTIME.children_cpu_seconds()
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         done = subprocess.run(
@@ -136,7 +149,9 @@ class Server:
         result = parse_wrk(done.stdout)
         result["cpu_seconds"] = process_tree_cpu(self.process.pid) - cpu_before
         result["seconds"] = elapsed
-        result["other_cpu_seconds"] = max(0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"])
+        result["wrk_cpu_seconds"] = _RUNTIME.children_cpu_seconds() - wrk_before
+        result["other_cpu_seconds"] = max(
+            0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"] - result["wrk_cpu_seconds"])
         result["load_average_before"] = load_before
         result["rss_mb"] = round(process_tree_rss(self.process.pid) / 2**20, 1)
         self.rounds.append(result)
@@ -166,6 +181,7 @@ class Server:
             "p99_ms": max(r["p99_ms"] for r in self.rounds),
             "cpu_ms_per_request": round(sum(r["cpu_seconds"] for r in self.rounds) * 1000 / max(1, requests), 1),
             "server_cpu_cores": round(sum(r["cpu_seconds"] for r in self.rounds) / seconds, 2),
+            "wrk_cpu_cores": round(sum(r["wrk_cpu_seconds"] for r in self.rounds) / seconds, 2),
             "other_cpu_cores": round(sum(r["other_cpu_seconds"] for r in self.rounds) / seconds, 2),
             "load_average": [round(r["load_average_before"], 2) for r in self.rounds],
             "non_2xx": sum(r["non_2xx"] for r in self.rounds),
@@ -204,6 +220,46 @@ def equal_answers(ours: bytes, theirs: bytes) -> dict[str, Any]:
     return checks
 
 
+def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: float = 5.0) -> dict[str, float]:
+    """Serial thread CPU ms per request of each stage of mmprep's render path, in one thread with
+    one torch thread: where a request's cost goes."""
+    import torch
+
+    from mmprep_runtime import loading, openai_chat, render, vllm_format
+    from mmprep_runtime.settings import Limits, RenderSettings
+
+    torch.set_num_threads(1)
+    processor, facts = loading.load_processor(loading.ModelSettings(str(model)))
+    model_facts = render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
+    limits = Limits()
+    totals: dict[str, float] = {}
+    count = 0
+
+    def timed(name: str, work: Any) -> Any:
+        started = time.thread_time()
+        value = work()
+        totals[name] = totals.get(name, 0.0) + time.thread_time() - started
+        return value
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline or count < 5:
+        request = timed("parse body (JSON, base64)", lambda: openai_chat.parse_chat(body))
+        data = request.images[0].data
+        image, identity = timed("decode JPEG", lambda: render.decode_image(data, "image", limits, facts.image_layout))
+        text = timed("chat template", lambda: render._prompt_text(processor, request))
+        outputs = timed("processor (resize, patches, tokenize)",
+                        lambda: render._process_tokenizing_once(processor, text, [image], model_facts))
+        items = timed("split into items", lambda: render._items(outputs, 1, None if model_facts.device_normalize
+                                                               else model_facts.dtype))
+        timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
+        rendered = render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}],
+                                   items, request)
+        api = render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
+        timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
+        count += 1
+    return {name: round(total * 1000 / count, 2) for name, total in totals.items()}
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# vLLM render vs mmprep render API",
@@ -213,22 +269,26 @@ def markdown(report: dict[str, Any]) -> str:
         "render with its processor cache off; mmprep at its decided worker count "
         f"({report['mmprep_workers']}). Load average at the start: {report['machine']['load_average_start']}.",
         "",
-        "| pixels | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | server cores | other load (cores) "
-        "| answer MB | RSS MB | equal answers |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pixels | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | server cores | wrk cores "
+        "| other load (cores) | answer MB | RSS MB | equal answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, pair in report["modes"].items():
         for row in pair["servers"]:
             lines.append(
                 f"| {mode} | {row['server']} | {row['req_per_s']} | {', '.join(f'{x:.1f}' for x in row['req_per_s_by_round'])} "
                 f"| {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['cpu_ms_per_request']} | {row['server_cpu_cores']} "
-                f"| {row['other_cpu_cores']} | {row['answer_bytes'] / 1e6:.2f} | {row['rss_mb']:.0f} "
+                f"| {row['wrk_cpu_cores']} | {row['other_cpu_cores']} | {row['answer_bytes'] / 1e6:.2f} | {row['rss_mb']:.0f} "
                 f"| {'yes' if all(pair['equal'].values()) else pair['equal']} |"
             )
     lines.append("")
     for mode, pair in report["modes"].items():
         lines.append(f"- {mode}: mmprep / vLLM throughput **{pair['throughput_ratio']:.2f}x**, "
                      f"CPU per request {pair['cpu_ratio']:.2f}x of vLLM's")
+    for mode, stages in report.get("stages_ms", {}).items():
+        lines += ["", f"mmprep's serial CPU ms per request by stage ({mode}, one thread):", "",
+                  "| stage | ms |", "|---|---|"]
+        lines += [f"| {name} | {ms} |" for name, ms in stages.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -312,6 +372,7 @@ def main() -> int:
             "throughput_ratio": round(a["req_per_s"] / b["req_per_s"], 3),
             "cpu_ratio": round(a["cpu_ms_per_request"] / b["cpu_ms_per_request"], 3),
         }
+    report["stages_ms"] = {mode: stage_costs(model, body, mode == "normalized") for mode in modes}
     out = pathlib.Path(args.out)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "results.md").write_text(markdown(report))
