@@ -32,7 +32,9 @@ from support.kube import HACK, wait_for
 
 from mmprep_runtime import testing_media, testing_models
 
-pytestmark = pytest.mark.slow
+# The first test also pays for vLLM's virtualenv when it is not cached yet (`make test` installs it
+# before pytest starts) and for starting both servers.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 HERE = pathlib.Path(__file__).resolve().parent
 CHECKER = HERE.parent / "support" / "vllm_check.py"
