@@ -33,6 +33,9 @@ from mmprep_runtime.settings import Limits, RenderSettings
 
 #: Processors whose image processor vLLM lets skip rescale/normalize (``supports_mm_device_do_normalize``).
 DEVICE_NORMALIZE_PROCESSORS: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+#: Processors whose images this API renders: how vLLM cuts processor outputs into items is
+#: model-specific (Qwen2-VL: rows of ``pixel_values`` by ``image_grid_thw``). Others: text only.
+IMAGE_PROCESSORS: Final = DEVICE_NORMALIZE_PROCESSORS
 
 _RGBA_BACKGROUND: Final = (255, 255, 255)
 
@@ -64,11 +67,20 @@ def _torch_dtype_name(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
-    config: dict[str, Any] = {}
-    folder = pathlib.Path(facts.model)
+def _model_config(model: str) -> dict[str, Any]:
+    folder = pathlib.Path(model)
     if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text())
+        return dict(json.loads((folder / "config.json").read_text()))
+    try:  # a hub id: the config sits beside the processor in the cache
+        from transformers import AutoConfig
+
+        return dict(AutoConfig.from_pretrained(model).to_dict())
+    except Exception:  # noqa: BLE001 - no model config: defaults below, as for a bare processor
+        return {}
+
+
+def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
+    config = _model_config(facts.model)
     text_config = config.get("text_config") or config
     max_len = text_config.get("max_position_embeddings") or config.get("max_position_embeddings") or 2048
     token_id = getattr(processor, "image_token_id", None)
@@ -417,7 +429,7 @@ class RenderApi:
     large_answer: bool = True
 
     def decode(self, body: bytes) -> openai_chat.RenderRequest:
-        reserved = ("<|image_pad|>", "<|vision_start|>", "<|video_pad|>") if self.model.image_token_id else ()
+        reserved = (self.facts.image_token,) if self.facts.image_token else ()
         if self.chat:
             request = openai_chat.parse_chat(body, reserved=reserved, max_images=self.limits.max_images)
         else:
@@ -426,6 +438,11 @@ class RenderApi:
             raise ModelNotFound(f"The model `{request.model}` does not exist.")
         if request.images and not self.facts.takes_images:
             raise errors.BadRequest(f"this model ({self.facts.processor_class}) takes no images")
+        if request.images and self.facts.processor_class not in IMAGE_PROCESSORS:
+            raise errors.BadRequest(
+                f"the vLLM render API renders images for {', '.join(sorted(IMAGE_PROCESSORS))} only, "
+                f"not {self.facts.processor_class}"
+            )
         return request
 
     def needs_fetch(self, request: openai_chat.RenderRequest) -> bool:

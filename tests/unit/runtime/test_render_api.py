@@ -241,3 +241,14 @@ async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
     assert answer["tensors"]["pixel_values"]["dtype"] == "uint8"
     async with running.client.post(running.url + "/v1/preprocess", json=body) as response:
         assert (await response.json())["tensors"]["pixel_values"]["dtype"] == "float32"
+
+
+async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(
+        start_render, llava_dir):
+    running = await start_render(llava_dir)
+    status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT))
+    assert status == 400 and "renders images for" in answer["error"]["message"], answer
+    status, answer = await running.render(_chat(TEXT))
+    assert status == 400 and "no chat template" in answer["error"]["message"], answer
+    status, answer = await running.render({"prompt": "The quick brown fox"}, "/v1/completions/render")
+    assert status == 200 and answer[0]["token_ids"] and "features" not in answer[0], answer
