@@ -284,6 +284,13 @@ async def handle_info(request: web.Request) -> web.Response:
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
     info["event_loop"] = event_loop_name(asyncio.get_running_loop())
+    if state.render_model is not None:
+        model = state.render_model
+        info["vllm_render"] = {
+            "served_model_name": model.served_name, "max_model_len": model.max_model_len,
+            "pixels": "uint8" if model.device_normalize else "normalized",
+            "fetch_allowed_networks": [str(n) for n in state.settings.render.fetch.allowed_networks],
+        }
     return web.json_response(info, dumps=functools.partial(json.dumps, indent=2))
 
 

@@ -173,6 +173,8 @@ async def test_models_and_health_answer_like_vllm(start_render, qwen_dir):
     async with running.client.get(running.url + "/v1/models") as response:
         models = await response.json()
     assert models["object"] == "list" and models["data"][0]["id"] == str(qwen_dir)
+    async with running.client.get(running.url + "/v1/info") as response:
+        assert (await response.json())["vllm_render"]["pixels"] == "uint8"
     status, answer = await running.render({"prompt": "The quick brown fox", "max_tokens": 5},
                                           "/v1/completions/render")
     assert status == 200 and isinstance(answer, list) and answer[0]["sampling_params"]["max_tokens"] == 5
