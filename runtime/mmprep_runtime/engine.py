@@ -6,8 +6,8 @@ patch), *then* probe cloneability of exactly that object, decide the workers wit
 ``serve`` and ``bench`` both start engines, so what is benchmarked is what is served.
 
 ``Engine.serve(api, body)`` is the one served path for every HTTP API (``pipeline.Api``): the
-engine places each stage (``Placement``), the adapter only parses the HTTP request and writes the
-answer. ``bench --api`` drives the same method.
+engine places each stage (``decode_on_worker``, ``encodes_on_worker``), the adapter only parses
+the HTTP request and writes the answer. ``bench --api`` drives the same method.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 from mmprep_runtime import cpus, executor, loading, pipeline, policy, versions
 
@@ -39,7 +39,7 @@ class _FirstJob:
 
     value: Any
     decode_seconds: float
-    stage: str  # "fetch", "encode" or "done"
+    stage: Literal["fetch", "encode", "done"]
 
 
 def _decode_first(processor: Any, api: pipeline.Api[Any, Any], body: bytes, encode_here: bool) -> _FirstJob:
