@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test unit gpu-check demo cluster-up cluster-down cluster-status control-plane crd
+.PHONY: venv test unit gpu-check demo cluster-up cluster-down cluster-status control-plane crd vllm-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,9 +14,10 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The control-plane binaries are built (once, cached under ~/.cache/mmprep) before pytest starts,
-# so the cold build prints its progress here instead of inside a test's timeout.
-test: venv control-plane
+# The control-plane binaries are built and vLLM's virtualenv installed (once each, cached under
+# ~/.cache/mmprep) before pytest starts, so a cold install prints its progress here instead of
+# inside a test's timeout.
+test: venv control-plane vllm-venv
 	$(PY) -m pytest tests
 
 unit: venv
@@ -29,6 +30,11 @@ gpu-check: venv
 # --- local control plane (hack/): real etcd, kube-apiserver, controller-manager, scheduler, KWOK
 control-plane:
 	hack/build-control-plane.sh >/dev/null
+
+# vLLM in its own virtualenv (it pins its own torch and transformers), for tests/compat/ and the
+# render benchmark: the peer the vLLM render API is compared with.
+vllm-venv:
+	hack/vllm/venv.sh >/dev/null
 
 cluster-up: venv
 	hack/cluster-up.sh

@@ -269,6 +269,8 @@ class TopologySpread(_Model):
         "ScheduleAnyway",
         description="ScheduleAnyway (a preference: never leaves a pod Pending) or DoNotSchedule (a hard rule).",
     )
+#: The HTTP APIs a runtime pod can serve (``spec.api``).
+ServedApi = Literal["mmprep", "vllm-render"]
 
 
 class MultimodalPreprocessorSpec(_Model):
@@ -294,6 +296,17 @@ class MultimodalPreprocessorSpec(_Model):
     )
 
     model: ModelSource = Field(description="The processor to serve.")
+    api: ServedApi = Field(
+        "mmprep",
+        description="What the runtime pods serve: mmprep (POST /v1/preprocess on port 8080) or vllm-render "
+        "(vLLM's GPU-less render API on port 8000: POST /v1/chat/completions/render answering the "
+        "GenerateRequest that vLLM's generate server takes). The Service port and the probes follow.",
+    )
+    normalized_pixels: bool = Field(
+        False,
+        description="vllm-render: normalized pixel values in the model's dtype instead of uint8 left to the "
+        "GPU to normalize (vLLM's --no-mm-device-do-normalize; set it to match a generate server started so).",
+    )
     backend: Backend = Field(Backend.AUTO, description="Image processor backend: auto, pil (CPU only) or torchvision (fast).")
     device: Device = Field(
         Device.AUTO, description="Where preprocessing runs: auto (GPU path when possible), cpu, or cuda (needs a GPU resource)."

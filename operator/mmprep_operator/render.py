@@ -31,6 +31,8 @@ ANNOTATION_DECISION: Final = "mmprep.dev/decision"
 
 RUNTIME_PORT: Final = 8080
 TERMINATION_LOG: Final = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+#: vLLM's render server listens on 8000 by default: a drop-in keeps the port its clients use.
+VLLM_RENDER_PORT: Final = 8000
 PORT_NAME: Final = "http"
 CONTAINER_NAME: Final = "runtime"
 CACHE_MOUNT: Final = "/var/cache/mmprep/huggingface"
@@ -204,23 +206,42 @@ def decision_env(spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> list[
     return env
 
 
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """Port and probe paths of what a runtime pod serves (``spec.api``)."""
+
+    port: int
+    ready_path: str
+    extra_args: tuple[str, ...] = ()
+
+
+def serving_of(spec: api.MultimodalPreprocessorSpec | None) -> Serving:
+    if spec is None or spec.api == "mmprep":
+        return Serving(RUNTIME_PORT, "/readyz")
+    # vLLM's own readiness path, so probes and load balancers configured for vLLM keep working.
+    return Serving(VLLM_RENDER_PORT, "/health", ("--normalized-pixels",) if spec.normalized_pixels else ())
+
+
 def render_deployment(
     owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision, replicas: int, policy: OperatorPolicy
 ) -> dict[str, Any]:
     labels = pool_labels(owner, d.pool.name)
     volumes, mounts = model_volumes(spec)
+    serving = serving_of(spec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image_of(spec, policy),
         # A failed start (no processor, no CUDA device) leaves its reason in the termination
         # message, which the operator reports per pool.
         "command": [
-            "mmprep-runtime", "serve", *model_args(spec), "--port", str(RUNTIME_PORT), "--termination-log", TERMINATION_LOG,
+            "mmprep-runtime", "serve", *model_args(spec), "--port", str(serving.port), *serving.extra_args,
+            "--termination-log", TERMINATION_LOG,
         ],
         # Decision env last: it must win over anything the user set under the same name.
         "env": [*model_env(spec), *decision_env(spec, d)],
-        "ports": [{"name": PORT_NAME, "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
+        "ports": [{"name": PORT_NAME, "containerPort": serving.port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": serving.ready_path, "port": PORT_NAME}, "periodSeconds": 5,
+                           "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 10, "failureThreshold": 3},
         # Loading a processor can take minutes (a cold cache): allow 10 minutes before liveness counts.
         "startupProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 120},
@@ -270,7 +291,8 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner) -> dict[str, Any]:
+def render_service(owner: Owner, spec: api.MultimodalPreprocessorSpec | None = None) -> dict[str, Any]:
+    port = serving_of(spec).port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -278,7 +300,7 @@ def render_service(owner: Owner) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(owner),
-            "ports": [{"name": PORT_NAME, "port": RUNTIME_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }
 
@@ -312,7 +334,7 @@ def render_children(
     """Every object the resource needs, in apply order: the Service first (a name taken by someone
     else's Service stops the apply before anything is created), then per pool (by name) its
     PodDisruptionBudget and its Deployment (the budget covers the pods from their start)."""
-    out = [render_service(owner)]
+    out = [render_service(owner, spec)]
     for d in decisions:
         if spec.disruption.enabled:
             out.append(render_disruption_budget(owner, spec, d))

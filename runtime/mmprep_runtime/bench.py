@@ -8,7 +8,9 @@ also called directly in one thread: the baseline for the pool's overhead. All co
 measured in interleaved rounds, so background load on a shared machine hits them alike.
 
 Images are decoded once up front (``--decode`` makes every job decode its JPEG too, for the
-end-to-end CPU cost). Output: a table and a progress line on stderr, the JSON on stdout (and in
+end-to-end CPU cost). ``--api preprocess|vllm-render`` measures instead the served path itself:
+each job is one request body through ``Engine.serve`` (parse, decode, process, encode, placed by
+the engine exactly as ``serve`` places them), without the HTTP socket. Output: a table and a progress line on stderr, the JSON on stdout (and in
 ``--json FILE``). The operator can calibrate worker counts per node type from this JSON.
 """
 
@@ -248,6 +250,58 @@ def measure_pool(
     )
 
 
+def request_body(api: str, size: tuple[int, int]) -> bytes:
+    """One request of ``api`` with one synthetic JPEG, the body a client would send."""
+    import base64
+
+    from mmprep_runtime import testing_models
+
+    image = base64.b64encode(testing_media.jpeg(*size)).decode()
+    if api == "preprocess":
+        return json.dumps({"text": f"Describe this picture. {testing_models.QWEN_IMAGE_PLACEHOLDER}",
+                           "images": [image]}).encode()
+    return json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
+        {"type": "text", "text": "Describe this picture in one sentence."}]}], "max_tokens": 64}).encode()
+
+
+def served_api(running: engine.Engine, api: str, fetcher: Any = None) -> Any:
+    from mmprep_runtime import render
+    from mmprep_runtime.settings import RenderSettings
+
+    if api == "preprocess":
+        return pipeline.PreprocessApi(running.facts, Limits())
+    model = render.model_facts(running.processor, running.facts, RenderSettings())
+    return render.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
+
+
+def measure_served(running: engine.Engine, api: Any, body: bytes, duration: float, progress: bool) -> Measurement:
+    """Closed loop through ``Engine.serve``: one request in flight per worker, on an event loop."""
+    import asyncio
+
+    latencies: list[float] = []
+
+    async def client(stop_at: float) -> None:
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            await running.serve(api, body)
+            latencies.append(time.perf_counter() - started)
+
+    async def load() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(started + duration) for _ in range(running.pool.workers)))
+        return time.perf_counter() - started
+
+    with Progress(progress, f"served {running.pool.workers}", duration, lambda: len(latencies)):
+        cpu0 = _cpu_seconds()
+        seconds = asyncio.run(load())
+        cpu = _cpu_seconds() - cpu0
+    return Measurement(
+        f"served-{running.pool.workers}", running.pool.workers, running.intra_op_threads, len(latencies), seconds,
+        latencies, cpu, _rss_bytes(),
+    )
+
+
 def _nothing(_processor: Any) -> None:
     return None
 
@@ -301,6 +355,7 @@ def run(
     progress: bool = True,
     intra_op_threads: int | None = None,
     rounds: int = 3,
+    api: str = "none",
 ) -> dict[str, Any]:
     """Measure the direct call and each worker count for ``duration`` seconds each.
 
@@ -327,10 +382,15 @@ def run(
         slice_ = duration / rounds
         direct_parts: list[Measurement] = []
         pool_parts: dict[int, list[Measurement]] = {count: [] for count in engines}
+        apis = {count: served_api(running, api) for count, running in engines.items()} if api != "none" else {}
+        body = request_body(api, size) if api != "none" else b""
         for _ in range(rounds):
             direct_parts.append(measure_direct(processor, workload, slice_, progress))
             for count, running in engines.items():
-                pool_parts[count].append(measure_pool(running, workload.job, slice_, progress))
+                if api == "none":
+                    pool_parts[count].append(measure_pool(running, workload.job, slice_, progress))
+                else:
+                    pool_parts[count].append(measure_served(running, apis[count], body, slice_, progress))
         reasons = {count: running.decision.reason.value for count, running in engines.items()}
         smallest = min(engines)
         dispatch = {"workers": smallest, **measure_dispatch(engines[smallest], min(1.0, duration))}
@@ -359,6 +419,7 @@ def run(
         "backend": facts.backend,
         "image": f"{size[0]}x{size[1]}" if facts.takes_images else None,
         "decode_in_job": decode,
+        "api": api,
         "duration_s": duration,
         "rounds": rounds,
         "usable_cpus": engine.cpus.usable_cpus(),
@@ -410,7 +471,7 @@ def main(args: argparse.Namespace) -> int:
         report = run(
             settings, workers, duration=args.duration, size=size, warmup=args.warmup,
             decode=args.decode, progress=not args.no_progress, intra_op_threads=args.intra_op_threads,
-            rounds=args.rounds,
+            rounds=args.rounds, api=args.api,
         )
     except loading.ModelLoadError as exc:
         print(f"mmprep-runtime bench: {exc}", file=sys.stderr)

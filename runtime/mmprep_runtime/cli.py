@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413 above)")
     serve.add_argument("--max-image-pixels", type=int, default=None, help="largest decoded image, in pixels")
     serve.add_argument("--max-images", type=int, default=None, help="most images in one request")
+    serve.add_argument("--normalized-pixels", action="store_true", default=None,
+                       help="vLLM render API: normalized pixel values in the model's dtype instead of uint8 "
+                            "(vLLM's --no-mm-device-do-normalize; default: env MMPREP_NORMALIZED_PIXELS, else off)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="vLLM render API: the model name /v1/models answers (default: --model as given)")
+    serve.add_argument("--fetch-allowed-networks", default=None,
+                       help="image URLs: comma-separated networks that may be fetched although not public "
+                            "(default: env MMPREP_FETCH_ALLOWED_NETWORKS, else none)")
+    serve.add_argument("--fetch-max-bytes", type=int, default=None, help="image URLs: largest body fetched")
+    serve.add_argument("--fetch-timeout", type=float, default=None,
+                       help="image URLs: seconds to read (connecting has its own 5 s)")
     serve.add_argument("--log-level", default="INFO")
     serve.add_argument("--termination-log", default=None,
                        help="on a failed start, write the reason here (Kubernetes terminationMessagePath)")
@@ -87,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--intra-op-threads", type=_positive_int, default=None,
                        help="torch threads per worker (default: usable CPUs / workers, as serve does)")
     bench.add_argument("--decode", action="store_true", help="decode the JPEG in every job (end-to-end CPU cost)")
+    bench.add_argument("--api", choices=["none", "preprocess", "vllm-render"], default="none",
+                       help="measure the served path of this HTTP API (Engine.serve: parse, decode, process, "
+                            "encode) instead of the processor call alone")
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 

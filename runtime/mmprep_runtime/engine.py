@@ -4,18 +4,60 @@
 patch), *then* probe cloneability of exactly that object, decide the workers with the shared
 ``policy``, size torch intra-op threads against the usable CPUs, start the pool, and warm it.
 ``serve`` and ``bench`` both start engines, so what is benchmarked is what is served.
+
+``Engine.serve(api, body)`` is the one served path for every HTTP API (``pipeline.Api``): the
+engine places each stage (``decode_on_worker``, ``encodes_on_worker``), the adapter only parses
+the HTTP request and writes the answer. ``bench --api`` drives the same method.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from typing import Any
+import time
+from typing import Any, Literal
 
-from mmprep_runtime import cpus, cuda, executor, loading, policy, versions
+from mmprep_runtime import cpus, cuda, executor, loading, pipeline, policy, versions
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """An answer's bytes and how long decoding its request took (for the decode histogram)."""
+
+    payload: bytes
+    decode_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _FirstJob:
+    """What the first worker job hands back: a decoded request still to fetch, outputs still to
+    encode, or the encoded answer."""
+
+    value: Any
+    decode_seconds: float
+    stage: Literal["fetch", "encode", "done"]
+
+
+def _decode_first(processor: Any, api: pipeline.Api[Any, Any], body: bytes, encode_here: bool) -> _FirstJob:
+    """Decode, and when nothing remains to fetch, process (and encode) in the same job."""
+    started = time.perf_counter()
+    request = api.decode(body)
+    decoded = time.perf_counter() - started
+    if api.needs_fetch(request):
+        return _FirstJob(request, decoded, "fetch")
+    outputs = api.process(processor, request)
+    if encode_here:
+        return _FirstJob(api.encode(outputs), decoded, "done")
+    return _FirstJob(outputs, decoded, "encode")
+
+
+def _process_then(processor: Any, api: pipeline.Api[Any, Any], request: Any, encode_here: bool) -> Any:
+    outputs = api.process(processor, request)
+    return api.encode(outputs) if encode_here else outputs
 
 
 @dataclasses.dataclass
@@ -33,6 +75,8 @@ class Engine:
     decode_on_worker: bool = False
     #: The CUDA device as started and warmed (``cuda.describe``), on the GPU path.
     cuda: dict[str, Any] | None = None
+    #: The loaded processor the workers clone; read-only here (chat template, token ids, config).
+    processor: Any = None
 
     def info(self) -> dict[str, Any]:
         facts = self.facts
@@ -62,6 +106,46 @@ class Engine:
             "fast_paths": list(facts.fast_paths),
             "versions": versions.versions(),
         }
+
+    def encodes_on_worker(self, api: pipeline.Api[Any, Any]) -> bool:
+        """Small answers are encoded by the worker right after processing (a fraction of a
+        millisecond, and no round trip through the loop). Large ones (megabytes of copying) go to
+        the IO pool, so the worker is free for the next request, unless the workers alone fill the
+        CPUs (``decode_on_worker``): then the hop buys no parallelism, only hand-offs."""
+        return not api.large_answer or self.decode_on_worker
+
+    async def serve(self, api: pipeline.Api[Any, Any], body: bytes) -> Served:
+        """One request through ``api``'s stages, each where this engine places it.
+
+        - decode: on the processor worker when the workers alone fill the CPUs
+          (``decode_on_worker``; then decode, process and encode are one job), else on the IO pool
+          so a worker never waits for it;
+        - fetch (remote media only): on the event loop, asynchronously, between two jobs;
+        - process: on a worker's own clone;
+        - encode: see ``encodes_on_worker``.
+        """
+        loop = asyncio.get_running_loop()
+        encode_here = self.encodes_on_worker(api)
+        if self.decode_on_worker:
+            first = await asyncio.wrap_future(self.pool.submit(_decode_first, api, body, encode_here))
+            decode_seconds = first.decode_seconds
+            if first.stage == "done":
+                return Served(first.value, decode_seconds)
+            if first.stage == "encode":
+                payload = await loop.run_in_executor(self.io_pool, api.encode, first.value)
+                return Served(payload, decode_seconds)
+            request = first.value
+        else:
+            started = time.perf_counter()
+            request = await loop.run_in_executor(self.io_pool, api.decode, body)
+            decode_seconds = time.perf_counter() - started
+        del body  # the decoded request is what we keep; the raw body can go
+        if api.needs_fetch(request):
+            request = await api.fetch(request)
+        result = await asyncio.wrap_future(self.pool.submit(_process_then, api, request, encode_here))
+        if encode_here:
+            return Served(result, decode_seconds)
+        return Served(await loop.run_in_executor(self.io_pool, api.encode, result), decode_seconds)
 
     def close(self, timeout: float | None = None) -> None:
         self.pool.shutdown(wait=True, timeout=timeout)
@@ -160,7 +244,7 @@ def start_engine(
     io_pool = concurrent.futures.ThreadPoolExecutor(decision.io_workers, thread_name_prefix="mmprep-io")
     if decode_on_worker is None:
         decode_on_worker = should_decode_on_worker(path, decision.processor_workers, usable)
-    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker)
+    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker, processor=processor)
     if warm:
         pool.warm(warm_timeout)
         if device != "cpu":

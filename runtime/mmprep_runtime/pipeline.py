@@ -1,11 +1,14 @@
-"""The protocol-agnostic pipeline: decode -> process -> encode.
+"""The protocol-agnostic pipeline: decode -> (fetch) -> process -> encode, and mmprep's own API on it.
 
-- ``decode_request`` (IO pool, or the processor worker: ``decode_and_process*``): JSON parsing, validation against the processor's facts, base64
-  and media decoding. Parsing a body with megabytes of base64 holds the GIL; it stays off the event
-  loop so the loop only moves bytes.
-- ``process`` (processor pool): the processor call on the worker's own clone.
-- ``encode_json`` (on the worker, right after processing: small) / ``encode_safetensors`` (IO pool:
-  tens of megabytes of copying): the answer's bytes.
+An HTTP API plugs into the engine as an ``Api``: its stages as plain functions, and whether its
+answer is large. Where each stage runs (event loop, IO pool, processor worker, one job or two) is
+``engine.Engine.serve``'s business; an API never picks a thread.
+
+mmprep's native API (``POST /v1/preprocess``) is ``PreprocessApi``:
+- ``decode_request``: JSON parsing, validation against the processor's facts, base64 and media
+  decoding. Parsing a body with megabytes of base64 holds the GIL; it never runs on the event loop.
+- ``process``: the processor call on the worker's own clone.
+- ``encode_json`` (small) / ``encode_safetensors`` (tens of megabytes of copying): the answer.
 
 Every failure is an ``errors.RequestError``; the HTTP layer only maps them.
 """
@@ -13,8 +16,7 @@ Every failure is an ``errors.RequestError``; the HTTP layer only maps them.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any, Final, Mapping
+from typing import Any, Final, Mapping, Protocol, TypeVar
 
 import numpy as np
 import orjson
@@ -24,6 +26,9 @@ from mmprep_runtime.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits
 
 KNOWN_FIELDS: Final = frozenset({"text", "images", "audio"})
+
+RequestT = TypeVar("RequestT")
+OutputT = TypeVar("OutputT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +127,13 @@ def decode_request(body: bytes, facts: ProcessorFacts, limits: Limits) -> Prepro
     return PreprocessRequest(text, tuple(decoded_images), decoded_audio)
 
 
-def process(processor: Any, request: PreprocessRequest, facts: ProcessorFacts) -> dict[str, Any]:
-    """Run the processor (on the calling worker's own clone). Returns name -> torch tensor."""
-    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+def process(
+    processor: Any, request: PreprocessRequest, facts: ProcessorFacts, processor_kwargs: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the processor (on the calling worker's own clone). Returns name -> torch tensor.
+
+    ``processor_kwargs``: e.g. ``vllm_format.DEVICE_NORMALIZE_KWARGS`` for uint8 pixels."""
+    kwargs: dict[str, Any] = {"return_tensors": "pt", **(processor_kwargs or {})}
     try:
         if facts.takes_images or facts.takes_audio:
             if request.images:
@@ -165,37 +174,60 @@ def encode_json(outputs: Mapping[str, Any], model: str) -> bytes:
     return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def process_to_json(processor: Any, request: PreprocessRequest, facts: ProcessorFacts) -> bytes:
-    """Process and encode the JSON answer in one job: the encoding is a fraction of a millisecond,
-    and doing it on the worker saves the answer a round trip through the event loop to the IO pool."""
-    return encode_json(process(processor, request, facts), facts.model)
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    """What a decode-and-process job hands back: the answer and the time its decoding took."""
-
-    value: Any
-    decode_seconds: float
-
-
-def decode_and_process_to_json(processor: Any, body: bytes, facts: ProcessorFacts, limits: Limits) -> Answer:
-    """The whole request in one worker job (see ``Engine.decode_on_worker``): JSON answer bytes."""
-    started = time.perf_counter()
-    request = decode_request(body, facts, limits)
-    decoded = time.perf_counter()
-    return Answer(encode_json(process(processor, request, facts), facts.model), decoded - started)
-
-
-def decode_and_process(processor: Any, body: bytes, facts: ProcessorFacts, limits: Limits) -> Answer:
-    """The same, answering the output tensors (for a safetensors answer, encoded on the IO pool)."""
-    started = time.perf_counter()
-    request = decode_request(body, facts, limits)
-    decoded = time.perf_counter()
-    return Answer(process(processor, request, facts), decoded - started)
-
-
 def encode_safetensors(outputs: Mapping[str, Any], model: str) -> bytes:
     from safetensors.torch import save
 
     return save({name: tensor.contiguous() for name, tensor in outputs.items()}, metadata={"model": model})
+
+
+class Api(Protocol[RequestT, OutputT]):
+    """One HTTP API's stages over the engine (see ``engine.Engine.serve`` for where they run).
+
+    ``decode`` and ``process`` raise ``errors.RequestError`` for bad input. ``fetch`` is the one
+    asynchronous stage (remote media): it runs on the event loop and must never block it.
+    """
+
+    #: Tens of megabytes to encode: the engine encodes it off the worker when the placement says so.
+    large_answer: bool
+
+    def decode(self, body: bytes) -> RequestT: ...
+
+    def needs_fetch(self, request: RequestT) -> bool: ...
+
+    async def fetch(self, request: RequestT) -> RequestT: ...
+
+    def process(self, processor: Any, request: RequestT) -> OutputT: ...
+
+    def encode(self, outputs: OutputT) -> bytes: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessApi:
+    """``POST /v1/preprocess``: JSON in; JSON (shapes) or safetensors (the tensors) out."""
+
+    facts: ProcessorFacts
+    limits: Limits
+    binary: bool = False
+    #: Extra processor arguments (uint8 pixels: ``vllm_format.DEVICE_NORMALIZE_KWARGS``).
+    processor_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def large_answer(self) -> bool:
+        return self.binary
+
+    def decode(self, body: bytes) -> PreprocessRequest:
+        return decode_request(body, self.facts, self.limits)
+
+    def needs_fetch(self, request: PreprocessRequest) -> bool:
+        return False
+
+    async def fetch(self, request: PreprocessRequest) -> PreprocessRequest:
+        return request
+
+    def process(self, processor: Any, request: PreprocessRequest) -> dict[str, Any]:
+        return process(processor, request, self.facts, self.processor_kwargs)
+
+    def encode(self, outputs: dict[str, Any]) -> bytes:
+        if self.binary:
+            return encode_safetensors(outputs, self.facts.model)
+        return encode_json(outputs, self.facts.model)

@@ -1,13 +1,14 @@
 """The HTTP adapter: ``create_app(settings)`` and its handlers, over the pipeline and the engine.
 
-The event loop only moves bytes and awaits: JSON parsing and decoding run on the IO pool, or on
-the processor worker itself when the workers alone fill the CPUs (``Engine.decode_on_worker``),
-the processor on the processor pool, large (safetensors) answers are encoded on the IO pool. The engine starts in the background after the socket
-is open, so ``/healthz`` answers while the model loads and ``/readyz`` turns 200 once the pool is
+A handler parses the HTTP request, hands the body to ``Engine.serve`` with its API's stages
+(``pipeline.Api``) and writes the answer; where each stage runs is the engine's decision. The
+event loop only moves bytes and awaits. The engine starts in the background after the socket is
+open, so ``/healthz`` answers while the model loads and ``/readyz`` turns 200 once the pool is
 warm.
 
-Endpoints: ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/info``,
-``GET /metrics``.
+Endpoints: mmprep's own ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/info``,
+``GET /metrics``; vLLM's render API ``POST /v1/chat/completions/render``,
+``POST /v1/completions/render``, ``GET /v1/models``, ``GET /health`` (``render``).
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import functools
 import json
 import logging
 import time
-from typing import Any, Callable, Final
+from typing import Any, Awaitable, Callable, Final
 
 from aiohttp import web
 
 from mmprep_runtime import engine as engine_module
-from mmprep_runtime import errors, pipeline
+from mmprep_runtime import errors, fetching, pipeline, render, vllm_format
 from mmprep_runtime.admission import Admission
 from mmprep_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mmprep_runtime.metrics import Metrics
-from mmprep_runtime.settings import ServeSettings
+from mmprep_runtime.settings import Limits, ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +42,16 @@ EngineFactory = Callable[..., engine_module.Engine]
 class ServerState:
     settings: ServeSettings
     metrics: Metrics
+    fetcher: fetching.Fetcher
     engine: engine_module.Engine | None = None
+    #: The vLLM render API's view of the model (served name, context length, pixel hand-off).
+    render_model: render.ModelFacts | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
     draining: bool = False
     #: Set when the engine is ready or failed: `serve` waits on it to report a failed start.
     settled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    started: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
 STATE: Final = web.AppKey("mmprep_state", ServerState)
@@ -103,48 +108,48 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _preprocess(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
-    limits = state.settings.limits
+async def _read_json_body(request: web.Request, limits: Limits) -> bytes:
     content_type = request.content_type
     if content_type != JSON_TYPE:
         raise errors.UnsupportedMediaType(f"Content-Type must be {JSON_TYPE}, got {content_type!r}")
-    binary = _wants_safetensors(request)
     if request.content_length is not None and request.content_length > limits.max_body_bytes:
         raise errors.BodyTooLarge(
             f"body of {request.content_length} bytes is over the limit of {limits.max_body_bytes}"
         )
-    body = await _read_body(request, limits.max_body_bytes)
-    loop = asyncio.get_running_loop()
-    if engine.decode_on_worker:
-        # One job per request: no hop through the IO pool and back through the loop (see Engine).
-        if not binary:
-            answer = await asyncio.wrap_future(
-                engine.pool.submit(pipeline.decode_and_process_to_json, body, engine.facts, limits)
-            )
-            state.metrics.decode_seconds.observe(answer.decode_seconds)
-            return web.Response(body=answer.value, content_type=JSON_TYPE)
-        answer = await asyncio.wrap_future(engine.pool.submit(pipeline.decode_and_process, body, engine.facts, limits))
-        state.metrics.decode_seconds.observe(answer.decode_seconds)
-        payload = await loop.run_in_executor(
-            engine.io_pool, pipeline.encode_safetensors, answer.value, engine.facts.model
+    return await _read_body(request, limits.max_body_bytes)
+
+
+def _wants_uint8(request: web.Request, engine: engine_module.Engine) -> bool:
+    pixels = request.query.get("pixels", "normalized")
+    if pixels not in ("normalized", "uint8"):
+        raise errors.BadRequest(f"pixels must be 'normalized' or 'uint8', got {pixels!r}")
+    if pixels == "uint8" and engine.facts.processor_class not in render.DEVICE_NORMALIZE_PROCESSORS:
+        raise errors.BadRequest(
+            f"pixels=uint8: this processor ({engine.facts.processor_class}) cannot leave normalization to the GPU"
         )
-        return web.Response(body=payload, content_type=OCTET_STREAM)
-    started = time.perf_counter()
-    decoded = await loop.run_in_executor(
-        engine.io_pool, pipeline.decode_request, body, engine.facts, limits
-    )
-    del body  # the decoded request is what we keep; the raw body can go
-    state.metrics.decode_seconds.observe(time.perf_counter() - started)
-    if not binary:
-        payload = await asyncio.wrap_future(engine.pool.submit(pipeline.process_to_json, decoded, engine.facts))
-        return web.Response(body=payload, content_type=JSON_TYPE)
-    outputs = await asyncio.wrap_future(engine.pool.submit(pipeline.process, decoded, engine.facts))
-    # Tens of megabytes to copy: on the IO pool, so the worker is free for the next request.
-    payload = await loop.run_in_executor(engine.io_pool, pipeline.encode_safetensors, outputs, engine.facts.model)
-    return web.Response(body=payload, content_type=OCTET_STREAM)
+    return pixels == "uint8"
 
 
-async def handle_preprocess(request: web.Request) -> web.Response:
+async def _preprocess(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
+    binary = _wants_safetensors(request)
+    uint8 = _wants_uint8(request, engine)
+    body = await _read_json_body(request, state.settings.limits)
+    api = pipeline.PreprocessApi(engine.facts, state.settings.limits, binary,
+                                 dict(vllm_format.DEVICE_NORMALIZE_KWARGS) if uint8 else {})
+    served = await engine.serve(api, body)
+    state.metrics.decode_seconds.observe(served.decode_seconds)
+    return web.Response(body=served.payload, content_type=OCTET_STREAM if binary else JSON_TYPE)
+
+
+Handler = Callable[[web.Request, ServerState, engine_module.Engine], Awaitable[web.Response]]
+ErrorRenderer = Callable[[errors.RequestError], web.Response]
+
+
+async def admitted(
+    request: web.Request, handler: Handler, render_error: ErrorRenderer = _error_response
+) -> web.Response:
+    """Readiness, admission, deadline, metrics and error mapping around one API handler: every
+    HTTP API shares them, only the error JSON's shape is the API's."""
     state = request.app[STATE]
     arrived = time.perf_counter()
     outcome = "ok"
@@ -160,7 +165,7 @@ async def handle_preprocess(request: web.Request) -> web.Response:
             )
         try:
             async with asyncio.timeout(state.settings.load.deadline_s):
-                return await _preprocess(request, state, engine)
+                return await handler(request, state, engine)
         except TimeoutError:
             raise errors.DeadlineExceeded(
                 f"no answer within the deadline of {state.settings.load.deadline_s:g} s"
@@ -170,18 +175,78 @@ async def handle_preprocess(request: web.Request) -> web.Response:
     except errors.RequestError as error:
         outcome = error.code
         if error.status >= 500:
-            logger.warning("preprocess failed (%d): %s", error.status, error.message)
-        return _error_response(error)
+            logger.warning("%s failed (%d): %s", request.path, error.status, error.message)
+        return render_error(error)
     except asyncio.CancelledError:
         outcome = errors.CLIENT_GONE  # the client disconnected (or the server is stopping)
         raise
     except Exception as exc:  # noqa: BLE001 - a bug: answer like every other failure, log the traceback
-        logger.exception("preprocess failed unexpectedly")
+        logger.exception("%s failed unexpectedly", request.path)
         internal = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
         outcome = internal.code
-        return _error_response(internal)
+        return render_error(internal)
     finally:
         state.metrics.answered(outcome, time.perf_counter() - arrived)
+
+
+async def handle_preprocess(request: web.Request) -> web.Response:
+    return await admitted(request, _preprocess)
+
+
+# ---- the vLLM render API (same paths, bodies, answers and error shape as vLLM's render server) ---
+
+
+def _vllm_error(error: errors.RequestError) -> web.Response:
+    return web.json_response(vllm_format.error_body(error.message, error.status, getattr(error, "param", None)),
+                             status=error.status, headers=error.headers)
+
+
+def _render_handler(chat: bool) -> Handler:
+    async def handler(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
+        body = await _read_json_body(request, state.settings.limits)
+        assert state.render_model is not None
+        api = render.RenderApi(engine.facts, state.render_model, state.settings.limits, state.fetcher, chat,
+                               request_id=request.headers.get("X-Request-Id"))
+        served = await engine.serve(api, body)
+        state.metrics.decode_seconds.observe(served.decode_seconds)
+        return web.Response(body=served.payload, content_type=JSON_TYPE)
+
+    return handler
+
+
+_RENDER_CHAT: Final = _render_handler(chat=True)
+_RENDER_COMPLETION: Final = _render_handler(chat=False)
+
+
+async def handle_render_chat(request: web.Request) -> web.Response:
+    return await admitted(request, _RENDER_CHAT, _vllm_error)
+
+
+async def handle_render_completion(request: web.Request) -> web.Response:
+    return await admitted(request, _RENDER_COMPLETION, _vllm_error)
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.render_model is None:
+        return _vllm_error(errors.NotReady("not ready: the processor is loading"))
+    model = state.render_model
+    permission = {"id": f"modelperm-{state.started:x}", "object": "model_permission", "created": state.started,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}
+    card = {"id": model.served_name, "object": "model", "created": state.started, "owned_by": "vllm",
+            "root": model.model_id, "parent": None, "max_model_len": model.max_model_len,
+            "permission": [permission]}
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    """vLLM's liveness-and-readiness probe: 200 with an empty body once serving."""
+    state = request.app[STATE]
+    if state.engine is None or state.draining:
+        return web.Response(status=503)
+    return web.Response(status=200)
 
 
 async def handle_healthz(request: web.Request) -> web.Response:
@@ -218,6 +283,13 @@ async def handle_info(request: web.Request) -> web.Response:
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
     info["event_loop"] = event_loop_name(asyncio.get_running_loop())
+    if state.render_model is not None:
+        model = state.render_model
+        info["vllm_render"] = {
+            "served_model_name": model.served_name, "max_model_len": model.max_model_len,
+            "pixels": "uint8" if model.device_normalize else "normalized",
+            "fetch_allowed_networks": [str(n) for n in state.settings.render.fetch.allowed_networks],
+        }
     return web.json_response(info, dumps=functools.partial(json.dumps, indent=2))
 
 
@@ -240,6 +312,7 @@ def _install_engine(state: ServerState, engine: engine_module.Engine) -> None:
         busy_seconds=lambda: engine.pool.busy_seconds,
     )
     state.metrics.describe_engine(engine.info())
+    state.render_model = render.model_facts(engine.processor, engine.facts, state.settings.render)
     state.engine = engine
     state.metrics.ready.set(1)
 
@@ -270,9 +343,13 @@ def create_app(
     """The application; nothing is loaded until it starts (the engine loads in the background)."""
     # aiohttp's own body limit backs up ours for bodies without Content-Length (chunked).
     app = web.Application(client_max_size=settings.limits.max_body_bytes)
-    state = ServerState(settings=settings, metrics=Metrics())
+    state = ServerState(settings=settings, metrics=Metrics(), fetcher=fetching.Fetcher(settings.render.fetch))
     app[STATE] = state
     app.router.add_post("/v1/preprocess", handle_preprocess)
+    app.router.add_post("/v1/chat/completions/render", handle_render_chat)
+    app.router.add_post("/v1/completions/render", handle_render_completion)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/health", handle_health)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/v1/info", handle_info)
@@ -286,6 +363,7 @@ def create_app(
             await asyncio.wait({task})
         if state.engine is not None:
             await asyncio.to_thread(state.engine.close, settings.load.shutdown_grace_s)
+        await state.fetcher.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 from typing import Final, Mapping
 
 from mmprep_runtime import policy
@@ -19,6 +20,8 @@ ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
 ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
 ENV_DEVICE: Final = "MMPREP_DEVICE"
 ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
+ENV_NORMALIZED_PIXELS: Final = "MMPREP_NORMALIZED_PIXELS"
+ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
 
 
 class SettingsError(ValueError):
@@ -63,6 +66,36 @@ class Load:
 
 
 @dataclasses.dataclass(frozen=True)
+class FetchSettings:
+    """How far an image URL may reach and how long it may take."""
+
+    #: 20 MiB: larger than any photo a VLM needs; the decoded-pixel cap still applies after.
+    max_bytes: int = 20 * 1024 * 1024
+    #: Seconds to connect; a host that does not answer fails fast instead of holding a request slot.
+    connect_timeout_s: float = 5.0
+    #: Seconds between reads and for the whole body: a slow-drip server cannot hold a slot longer.
+    read_timeout_s: float = 10.0
+    #: Redirects followed; more is a loop or a trick.
+    max_redirects: int = 3
+    #: Networks that may be fetched although they are not public (e.g. an in-cluster image store).
+    allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderSettings:
+    """The vLLM render API (``render``)."""
+
+    #: Normalized pixel values in the model's dtype instead of uint8, as vLLM's
+    #: ``--no-mm-device-do-normalize``. Off: the processor leaves rescale/normalize to the GPU where
+    #: it can (vLLM's default), and the pixels travel as uint8 (4x smaller, less CPU).
+    normalized_pixels: bool = False
+    #: The name ``/v1/models`` answers and ``model`` must match (vLLM's ``--served-model-name``);
+    #: None = the model as given, as vLLM does.
+    served_model_name: str | None = None
+    fetch: FetchSettings = FetchSettings()
+
+
+@dataclasses.dataclass(frozen=True)
 class ServeSettings:
     model: ModelSettings
     host: str = "0.0.0.0"
@@ -74,6 +107,7 @@ class ServeSettings:
     intra_op_threads: int | None = None
     limits: Limits = Limits()
     load: Load = Load()
+    render: RenderSettings = RenderSettings()
 
 
 def _env_count(environ: Mapping[str, str], name: str) -> int | None:
@@ -146,6 +180,7 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
     )
     return ServeSettings(
         model=model_settings_from_args(args, environ),
+        render=_render_settings(args, environ),
         host=args.host,
         port=args.port,
         processor_workers=args.processor_workers if args.processor_workers is not None
@@ -154,4 +189,40 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         intra_op_threads=args.intra_op_threads,
         limits=limits,
         load=load,
+    )
+
+
+def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``"10.0.0.0/8, 127.0.0.1"`` -> networks; raises SettingsError naming the bad item."""
+    networks = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SettingsError(f"not an IP network: {item!r}") from None
+    return tuple(networks)
+
+
+def _render_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> RenderSettings:
+    normalized = getattr(args, "normalized_pixels", None)
+    if normalized is None:
+        normalized = _env_switch(environ, ENV_NORMALIZED_PIXELS) or False
+    networks_text = getattr(args, "fetch_allowed_networks", None)
+    if networks_text is None:
+        networks_text = environ.get(ENV_FETCH_ALLOWED_NETWORKS, "")
+    fetch = FetchSettings(allowed_networks=parse_networks(networks_text))
+    max_bytes = getattr(args, "fetch_max_bytes", None)
+    if max_bytes is not None:
+        if max_bytes < 1:
+            raise SettingsError(f"--fetch-max-bytes must be positive, got {max_bytes}")
+        fetch = dataclasses.replace(fetch, max_bytes=max_bytes)
+    timeout = getattr(args, "fetch_timeout", None)
+    if timeout is not None:
+        if timeout <= 0:
+            raise SettingsError(f"--fetch-timeout must be positive, got {timeout}")
+        fetch = dataclasses.replace(fetch, read_timeout_s=timeout)
+    return RenderSettings(
+        normalized_pixels=normalized, served_model_name=getattr(args, "served_model_name", None), fetch=fetch,
     )

@@ -7,7 +7,9 @@ downloaded model would. The image processor configs are the real defaults of eac
 preprocessing cost per image is the real one; only the vocabulary is small.
 
 Kinds:
-- ``qwen2-vl``: Qwen2VLProcessor (image processor backend ``torchvision`` or ``pil``, video processor);
+- ``qwen2-vl``: Qwen2VLProcessor (image processor backend ``torchvision`` or ``pil``, video processor),
+  with the model's ``config.json`` (no weights) and a chat template, so vLLM's GPU-less render
+  server loads the same folder (the compatibility tests and the benchmark run both on it);
 - ``llava``: LlavaProcessor over a CLIP image processor (one ``<image>`` placeholder per image);
 - ``whisper``: WhisperProcessor (audio feature extractor + tokenizer);
 - ``tokenizer``: a bare tokenizer (``AutoProcessor`` returns the tokenizer itself);
@@ -143,6 +145,70 @@ def _qwen2_vl_config(backend: str) -> dict[str, Any]:
     }
 
 
+# Qwen2-VL's chat shape: a default system turn, one <|im_start|>role ... <|im_end|> block per message,
+# each image part a vision block. It loops over the content parts, so chat front ends (vLLM's
+# among them) hand it OpenAI-style part lists.
+QWEN_CHAT_TEMPLATE: Final = (
+    "{%- for message in messages -%}\n"
+    "{%- if loop.first and message['role'] != 'system' -%}\n"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif -%}\n"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string %}\n{{ message['content'] }}<|im_end|>\n"
+    "{% else %}\n"
+    "{% for part in message['content'] -%}\n"
+    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}\n"
+    "<|vision_start|><|image_pad|><|vision_end|>\n"
+    "{%- elif part['type'] == 'text' -%}\n"
+    "{{ part['text'] }}\n"
+    "{%- endif -%}\n"
+    "{%- endfor %}<|im_end|>\n"
+    "{% endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "<|im_start|>assistant\n"
+    "{% endif -%}\n"
+)
+
+
+def _qwen2_vl_model_config(out: pathlib.Path) -> dict[str, Any]:
+    """The model config a serving stack reads beside the processor: architecture, the special token
+    ids (from the tokenizer just trained) and the vision tower's patch geometry. A small text tower:
+    nothing loads weights from it."""
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    return {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "torch_dtype": "bfloat16",
+        "vocab_size": _VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+        "bos_token_id": vocab["<|endoftext|>"],
+        "eos_token_id": vocab["<|im_end|>"],
+        "image_token_id": vocab["<|image_pad|>"],
+        "video_token_id": vocab["<|video_pad|>"],
+        "vision_start_token_id": vocab["<|vision_start|>"],
+        "vision_end_token_id": vocab["<|vision_end|>"],
+        "vision_config": {
+            "depth": 1,
+            "embed_dim": 64,
+            "hidden_size": 64,
+            "mlp_ratio": 2,
+            "num_heads": 2,
+            "in_chans": 3,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    }
+
+
 def _llava_config(backend: str, processor_class: str = "LlavaProcessor") -> dict[str, Any]:
     return {
         "processor_class": processor_class,
@@ -200,6 +266,9 @@ def make_model(
     write_tokenizer(out, processor_config["processor_class"] if processor_config else None)
     if processor_config is not None:
         _write_json(out / "processor_config.json", processor_config)
+    if kind is Kind.QWEN2_VL:
+        _write_json(out / "config.json", _qwen2_vl_model_config(out))
+        (out / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE)
 
     declaration = declared.Declaration(declared_workers, declared_io_workers, thread_safe)
     if declaration != declared.Declaration():

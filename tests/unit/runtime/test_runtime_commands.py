@@ -205,6 +205,19 @@ def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tm
     assert "2 worker(s):" in captured.err  # the progress display
 
 
+@pytest.mark.parametrize("api", ["preprocess", "vllm-render"])
+def test_bench_measures_the_served_path_of_each_api(qwen_dir, api, capsys):
+    code = cli.main([
+        "bench", "--model", str(qwen_dir), "--workers", "1", "--duration", "0.5", "--warmup", "0", "--rounds", "1",
+        "--image", "112x84", "--api", api, "--no-progress",
+    ])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["api"] == api
+    (served,) = report["results"]
+    assert served["label"] == "served-1" and served["requests"] > 0 and served["cpu_ms_per_request"] > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

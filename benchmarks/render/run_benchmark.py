@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""mmprep's vLLM render API against vLLM's own render server: one run, interleaved rounds.
+
+Both servers serve the same processor folder (``mmprep-runtime make-model --kind qwen2-vl``, plus
+the model config and chat template it writes), on the same cores (the whole machine, nothing
+pinned), and get the same chat body: one 1280x960 JPEG as a ``data:`` URI and a question.
+- vLLM: ``vllm launch render --mm-processor-cache-gb 0`` (its processor cache off: a benchmark
+  repeating one image would otherwise measure cache hits), from ``hack/vllm/venv.sh``.
+- mmprep: ``mmprep-runtime serve`` at the worker count it decides itself.
+Two pixel hand-offs: uint8 (both defaults) and normalized (vLLM ``--no-mm-device-do-normalize``,
+mmprep ``--normalized-pixels``). Before loading, each pair's answers are checked equal (token ids,
+placeholders, hashes, every kwargs tensor byte): the ratio compares equal work.
+
+``wrk`` (C, low overhead) loads one server at a time, in rounds: each round visits every server,
+in an order that alternates, so a change in the machine's background load hits all of them. Per
+server: req/s, p50/p99, server CPU ms per request (the server process and its children), answer
+bytes; per round the machine's load average and the CPU other processes used.
+
+``python benchmarks/render/run_benchmark.py [--duration 15] [--rounds 3]`` (needs ``wrk``).
+Writes ``results.json`` and ``results.md`` next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import msgpack
+import psutil
+
+from mmprep_runtime import testing_media, testing_models, versions
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+def _runtime_benchmark() -> Any:
+    """The runtime benchmark's helpers (wrk output parsing, CPU accounting): one implementation."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("runtime_benchmark", HERE.parent / "runtime" / "run_benchmark.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_RUNTIME = _runtime_benchmark()
+free_port, machine_busy_seconds, parse_wrk = _RUNTIME.free_port, _RUNTIME.machine_busy_seconds, _RUNTIME.parse_wrk
+
+IMAGE_SIZE = (1280, 960)
+CHAT_PATH = "/v1/chat/completions/render"
+WRK_SCRIPT = r"""
+wrk.method = "POST"
+wrk.path = "/v1/chat/completions/render"
+wrk.headers["Content-Type"] = "application/json"
+local file = assert(io.open(os.getenv("MMPREP_BODY"), "rb"))
+wrk.body = file:read("*a")
+file:close()
+local seen = {}
+response = function(status, headers, body)
+  if status ~= 200 and not seen[status] then
+    seen[status] = true
+    io.stderr:write(status .. " " .. body:sub(1, 200) .. "\n")
+  end
+end
+"""
+
+
+def chat_body() -> bytes:
+    image = base64.b64encode(testing_media.jpeg(*IMAGE_SIZE, seed=1)).decode()
+    return json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
+        {"type": "text", "text": "Describe this picture in one sentence."}]}], "max_tokens": 64}).encode()
+
+
+def post(base: str, body: bytes) -> bytes:
+    request = urllib.request.Request(base + CHAT_PATH, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return response.read()
+
+
+def process_tree_cpu(pid: int) -> float:
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def process_tree_rss(pid: int) -> int:
+    process = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+
+
+class Server:
+    def __init__(self, name: str, command: list[str], env: dict[str, str], ready_path: str, body_file: pathlib.Path,
+                 lua: pathlib.Path, connections: int, log: pathlib.Path) -> None:
+        self.name, self.ready_path, self.lua, self.connections = name, ready_path, lua, connections
+        self.port = int(command[command.index("--port") + 1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log.open("wb")
+        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.env = {**os.environ, "MMPREP_BODY": str(body_file)}
+        self.rounds: list[dict[str, Any]] = []
+        self.answer_bytes = 0
+
+    def wait(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(self.base + self.ready_path, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready in time")
+
+    def load(self, seconds: float, *, measure: bool) -> None:
+        cpu_before = process_tree_cpu(self.process.pid)
+        machine_before = machine_busy_seconds()
+        wrk_before = _RUNTIME.children_cpu_seconds()
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
+        done = subprocess.run(
+            ["wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "--latency", "--timeout", "60s",
+             "-s", str(self.lua), self.base],
+            env=self.env, capture_output=True, text=True, check=True,
+        )
+        elapsed = time.monotonic() - started
+        self.settle()
+        if not measure:
+            return
+        result = parse_wrk(done.stdout)
+        result["cpu_seconds"] = process_tree_cpu(self.process.pid) - cpu_before
+        result["seconds"] = elapsed
+        result["wrk_cpu_seconds"] = _RUNTIME.children_cpu_seconds() - wrk_before
+        result["other_cpu_seconds"] = max(
+            0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"] - result["wrk_cpu_seconds"])
+        result["load_average_before"] = load_before
+        result["rss_mb"] = round(process_tree_rss(self.process.pid) / 2**20, 1)
+        self.rounds.append(result)
+
+    def settle(self, timeout: float = 20.0) -> None:
+        """Requests wrk dropped when it stopped are still finished by the server: wait until its CPU
+        use stops, so they are not charged to the next server's slice."""
+        deadline = time.monotonic() + timeout
+        previous = process_tree_cpu(self.process.pid)
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = process_tree_cpu(self.process.pid)
+            if now - previous < 0.02:
+                return
+            previous = now
+
+    def summary(self) -> dict[str, Any]:
+        requests = sum(r["requests"] for r in self.rounds)
+        seconds = sum(r["seconds"] for r in self.rounds)
+        return {
+            "server": self.name,
+            "connections": self.connections,
+            "requests": requests,
+            "req_per_s": round(sum(r["req_per_s"] for r in self.rounds) / len(self.rounds), 2),
+            "req_per_s_by_round": [r["req_per_s"] for r in self.rounds],
+            "p50_ms": sorted(r["p50_ms"] for r in self.rounds)[len(self.rounds) // 2],
+            "p99_ms": max(r["p99_ms"] for r in self.rounds),
+            "cpu_ms_per_request": round(sum(r["cpu_seconds"] for r in self.rounds) * 1000 / max(1, requests), 1),
+            "server_cpu_cores": round(sum(r["cpu_seconds"] for r in self.rounds) / seconds, 2),
+            "wrk_cpu_cores": round(sum(r["wrk_cpu_seconds"] for r in self.rounds) / seconds, 2),
+            "other_cpu_cores": round(sum(r["other_cpu_seconds"] for r in self.rounds) / seconds, 2),
+            "load_average": [round(r["load_average_before"], 2) for r in self.rounds],
+            "non_2xx": sum(r["non_2xx"] for r in self.rounds),
+            "answer_bytes": self.answer_bytes,
+            "rss_mb": max(r["rss_mb"] for r in self.rounds),
+        }
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def equal_answers(ours: bytes, theirs: bytes) -> dict[str, Any]:
+    """The two answers render the same request: ids, placeholders, hashes and every tensor byte."""
+    a, b = json.loads(ours), json.loads(theirs)
+    checks = {
+        "token_ids": a["token_ids"] == b["token_ids"],
+        "mm_placeholders": a["features"]["mm_placeholders"] == b["features"]["mm_placeholders"],
+        "mm_hashes": a["features"]["mm_hashes"] == b["features"]["mm_hashes"],
+        "sampling_params": a["sampling_params"] == b["sampling_params"],
+    }
+
+    def tensors(item: str) -> dict[str, Any]:
+        decoded = msgpack.unpackb(base64.b64decode(item), raw=False)
+        return {key: (value["data"][0], value["data"][1], value["data"][2].data) for key, value in decoded.items()}
+
+    checks["kwargs_tensors"] = all(
+        tensors(x) == tensors(y)
+        for x, y in zip(a["features"]["kwargs_data"]["image"], b["features"]["kwargs_data"]["image"], strict=True)
+    )
+    return checks
+
+
+def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: float = 5.0) -> dict[str, float]:
+    """Serial thread CPU ms per request of each stage of mmprep's render path, in one thread with
+    one torch thread: where a request's cost goes."""
+    import torch
+
+    from mmprep_runtime import loading, openai_chat, render, vllm_format
+    from mmprep_runtime.settings import Limits, RenderSettings
+
+    torch.set_num_threads(1)
+    processor, facts = loading.load_processor(loading.ModelSettings(str(model)))
+    model_facts = render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
+    limits = Limits()
+    totals: dict[str, float] = {}
+    count = 0
+
+    def timed(name: str, work: Any) -> Any:
+        started = time.thread_time()
+        value = work()
+        totals[name] = totals.get(name, 0.0) + time.thread_time() - started
+        return value
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline or count < 5:
+        request = timed("parse body (JSON, base64)", lambda: openai_chat.parse_chat(body))
+        data = request.images[0].data
+        image, identity = timed("decode JPEG", lambda: render.decode_image(data, "image", limits, facts.image_layout))
+        text = timed("chat template", lambda: render._prompt_text(processor, request))
+        outputs = timed("processor (resize, patches, tokenize)",
+                        lambda: render._process_tokenizing_once(processor, text, [image], model_facts))
+        items = timed("split into items", lambda: render._items(outputs, 1, None if model_facts.device_normalize
+                                                               else model_facts.dtype))
+        timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
+        rendered = render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}],
+                                   items, request)
+        api = render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
+        timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
+        count += 1
+    return {name: round(total * 1000 / count, 2) for name, total in totals.items()}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# vLLM render vs mmprep render API",
+        "",
+        f"{report['machine']['cpus']} CPUs, {report['image']} JPEG per request, {report['rounds']} interleaved "
+        f"rounds of {report['duration_s']:g} s per server, `wrk -t1`; vLLM {report['versions']['vllm']} "
+        "render with its processor cache off; mmprep at its decided worker count "
+        f"({report['mmprep_workers']}). Load average at the start: {report['machine']['load_average_start']}.",
+        "",
+        "| pixels | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | server cores | wrk cores "
+        "| other load (cores) | answer MB | RSS MB | equal answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, pair in report["modes"].items():
+        for row in pair["servers"]:
+            lines.append(
+                f"| {mode} | {row['server']} | {row['req_per_s']} | {', '.join(f'{x:.1f}' for x in row['req_per_s_by_round'])} "
+                f"| {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['cpu_ms_per_request']} | {row['server_cpu_cores']} "
+                f"| {row['wrk_cpu_cores']} | {row['other_cpu_cores']} | {row['answer_bytes'] / 1e6:.2f} | {row['rss_mb']:.0f} "
+                f"| {'yes' if all(pair['equal'].values()) else pair['equal']} |"
+            )
+    lines.append("")
+    for mode, pair in report["modes"].items():
+        lines.append(f"- {mode}: mmprep / vLLM throughput **{pair['throughput_ratio']:.2f}x**, "
+                     f"CPU per request {pair['cpu_ratio']:.2f}x of vLLM's")
+    for mode, stages in report.get("stages_ms", {}).items():
+        lines += ["", f"mmprep's serial CPU ms per request by stage ({mode}, one thread):", "",
+                  "| stage | ms |", "|---|---|"]
+        lines += [f"| {name} | {ms} |" for name, ms in stages.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per server per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--modes", default="uint8,normalized")
+    parser.add_argument("--out", default=str(HERE))
+    args = parser.parse_args()
+    venv = pathlib.Path(subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True,
+                                       check=True).stdout.strip().splitlines()[-1])
+    vllm_version = subprocess.run([str(venv / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
+                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    modes = [m for m in args.modes.split(",") if m]
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-render-bench-"))
+    model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")
+    body_file = work / "body.json"
+    body = chat_body()
+    body_file.write_bytes(body)
+    lua = work / "post.lua"
+    lua.write_text(WRK_SCRIPT)
+    vllm_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1"}
+    servers: dict[str, list[Server]] = {}
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    try:
+        for mode in modes:
+            normalized = mode == "normalized"
+            vllm_cmd = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
+                        "--port", str(free_port()), "--mm-processor-cache-gb", "0"]
+            mmprep_cmd = [sys.executable, "-m", "mmprep_runtime.cli", "serve", "--model", str(model),
+                          "--host", "127.0.0.1", "--port", str(free_port()), "--log-level", "WARNING"]
+            if normalized:
+                vllm_cmd.append("--no-mm-device-do-normalize")
+                mmprep_cmd.append("--normalized-pixels")
+            # The same client concurrency for both: enough to keep mmprep's workers and decoders busy.
+            servers[mode] = [
+                Server(f"vLLM render", vllm_cmd, vllm_env, "/health", body_file, lua, 4, work / f"vllm-{mode}.log"),
+                Server(f"mmprep", mmprep_cmd, dict(os.environ), "/readyz", body_file, lua, 4, work / f"mmprep-{mode}.log"),
+            ]
+        for pair in servers.values():
+            for server in pair:
+                server.wait()
+        equal: dict[str, dict[str, bool]] = {}
+        for mode, (vllm, mmprep) in servers.items():
+            theirs, ours = post(vllm.base, body), post(mmprep.base, body)
+            vllm.answer_bytes, mmprep.answer_bytes = len(theirs), len(ours)
+            equal[mode] = equal_answers(ours, theirs)
+            print(f"{mode}: answers equal: {equal[mode]}", file=sys.stderr)
+        with urllib.request.urlopen(servers[modes[0]][1].base + "/v1/info", timeout=10) as response:
+            workers = json.loads(response.read())["workers"]
+        everyone = [s for pair in servers.values() for s in pair]
+        for server in everyone:
+            server.load(args.warmup, measure=False)
+        for round_ in range(args.rounds):
+            order = everyone if round_ % 2 == 0 else list(reversed(everyone))
+            for server in order:
+                server.load(args.duration, measure=True)
+                print(f"round {round_ + 1}: {server.name}: {server.rounds[-1]['req_per_s']} req/s", file=sys.stderr)
+    finally:
+        for pair in servers.values():
+            for server in pair:
+                server.stop()
+    report: dict[str, Any] = {
+        "image": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}",
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "mmprep_workers": f"{workers['processor']} processor ({workers['reason']}), {workers['io']} io",
+        "machine": {"cpus": os.cpu_count(), "load_average_start": load_start,
+                    "load_average_end": [round(x, 2) for x in os.getloadavg()]},
+        "versions": {**versions.versions(), "vllm": vllm_version},
+        "modes": {},
+    }
+    for mode, (vllm, mmprep) in servers.items():
+        a, b = mmprep.summary(), vllm.summary()
+        report["modes"][mode] = {
+            "servers": [b, a],
+            "equal": equal[mode],
+            "throughput_ratio": round(a["req_per_s"] / b["req_per_s"], 3),
+            "cpu_ratio": round(a["cpu_ms_per_request"] / b["cpu_ms_per_request"], 3),
+        }
+    report["stages_ms"] = {mode: stage_costs(model, body, mode == "normalized") for mode in modes}
+    out = pathlib.Path(args.out)
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

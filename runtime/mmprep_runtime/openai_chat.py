@@ -1,0 +1,261 @@
+"""OpenAI request bodies for the vLLM render API: parsed and checked, nothing decoded yet (pure).
+
+``parse_chat`` turns a chat-completions body into the conversation a chat template renders (text
+parts as ``{"type": "text", "text": ...}``, each image part as ``{"type": "image"}``, as vLLM hands
+a template that loops over content parts), the image sources in order (inline ``data:`` bytes or
+an http(s) URL still to fetch) and the sampling fields. ``parse_completion`` does the same for a
+plain prompt. Every problem is an ``errors.RequestError`` naming the field.
+
+Fields that would change vLLM's answer in ways this server does not implement (tools, response
+formats, custom templates, ...) are refused with a 400 instead of being silently ignored: an
+answer that differs from vLLM's would poison its caches.
+"""
+
+from __future__ import annotations
+
+import binascii
+import dataclasses
+from typing import Any, Final, Mapping
+
+import orjson
+
+from mmprep_runtime import errors
+
+ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
+
+#: Sampling fields carried into ``sampling_params`` (their JSON types are checked here).
+SAMPLING_FIELDS: Final[dict[str, tuple[type, ...]]] = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "min_p": (int, float),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float),
+    "seed": (int,),
+    "stop": (str, list),
+    "stop_token_ids": (list,),
+    "n": (int,),
+    "ignore_eos": (bool,),
+    "min_tokens": (int,),
+    "skip_special_tokens": (bool,),
+    "spaces_between_special_tokens": (bool,),
+    "include_stop_str_in_output": (bool,),
+}
+
+#: Accepted and without effect on the rendered request (OpenAI clients send them).
+_IGNORED_FIELDS: Final = frozenset({"user", "stream_options", "logit_bias_type", "metadata", "store"})
+
+_UNSUPPORTED_FIELDS: Final = frozenset({
+    "tools", "functions", "response_format", "chat_template", "chat_template_kwargs", "mm_processor_kwargs",
+    "media_io_kwargs", "logprobs", "top_logprobs", "prompt_logprobs", "logit_bias", "structured_outputs",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search", "echo", "suffix",
+    "best_of", "continue_final_message", "documents", "kv_transfer_params", "ec_transfer_params",
+    "vllm_xargs", "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "prompt_embeds",
+    "return_token_ids", "cache_salt", "mm_payload",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSource:
+    """One image of a request: its bytes (a ``data:`` URI) or the URL to fetch them from."""
+
+    what: str
+    data: bytes | None = None
+    url: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderRequest:
+    """What a render job needs: the prompt (a conversation or a text), images, sampling."""
+
+    conversation: tuple[dict[str, Any], ...] | None
+    prompt: str | None
+    images: tuple[ImageSource, ...]
+    sampling: Mapping[str, Any]
+    max_tokens: int | None
+    model: str | None
+    request_id: str | None
+    stream: bool
+    priority: int
+    add_generation_prompt: bool
+    chat: bool
+
+    def fetched(self, data: Mapping[int, bytes]) -> "RenderRequest":
+        images = tuple(
+            dataclasses.replace(image, data=data[index], url=None) if index in data else image
+            for index, image in enumerate(self.images)
+        )
+        return dataclasses.replace(self, images=images)
+
+    @property
+    def urls(self) -> list[tuple[int, ImageSource]]:
+        return [(index, image) for index, image in enumerate(self.images) if image.data is None]
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise errors.BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise errors.BadRequest(f"body must be a JSON object, got {type(payload).__name__}")
+    unsupported = sorted(key for key in payload if key in _UNSUPPORTED_FIELDS and payload[key] not in (None, False))
+    if unsupported:
+        raise errors.BadRequest(f"field(s) {', '.join(unsupported)} are not supported by this render server")
+    return payload
+
+
+def _typed(payload: Mapping[str, Any], name: str, types: tuple[type, ...], what: str | None = None) -> Any:
+    value = payload.get(name)
+    if value is None:
+        return None
+    # bool is an int in Python; JSON true is not a number.
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        expected = " or ".join(t.__name__ for t in types)
+        raise errors.BadRequest(f"'{what or name}' must be {expected}, got {type(value).__name__}")
+    return value
+
+
+def _sampling(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    sampling = {}
+    for name, types in SAMPLING_FIELDS.items():
+        value = _typed(payload, name, types)
+        if value is not None:
+            sampling[name] = value
+    if "n" in sampling and sampling["n"] != 1:
+        raise errors.BadRequest("'n' other than 1 is not supported by the render endpoint")
+    max_tokens = _typed(payload, "max_completion_tokens", (int,))
+    if max_tokens is None:
+        max_tokens = _typed(payload, "max_tokens", (int,))
+    if max_tokens is not None and max_tokens < 1:
+        raise errors.BadRequest(f"'max_tokens' must be at least 1, got {max_tokens}")
+    return sampling, max_tokens
+
+
+def _data_uri(url: str, what: str) -> bytes:
+    from pybase64 import b64decode
+
+    header, comma, data = url.partition(",")
+    if not comma or not header.startswith("data:"):
+        raise errors.BadRequest(f"{what}: a data URI needs the form data:<media type>;base64,<data>")
+    media_type, _, encoding = header[5:].partition(";")
+    if encoding != "base64":
+        raise errors.BadRequest(f"{what}: only base64 data URIs are supported")
+    if media_type and not media_type.startswith("image/"):
+        raise errors.BadMedia(f"{what}: the data URI's media type is {media_type!r}, not an image")
+    try:
+        return b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise errors.BadMedia(f"{what}: the data URI is not valid base64: {exc}") from None
+
+
+def _image_source(part: Mapping[str, Any], what: str) -> ImageSource:
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise errors.BadRequest(f"{what}: 'image_url' must be an object with a 'url' string")
+    if url.startswith("data:"):
+        return ImageSource(what, data=_data_uri(url, what))
+    if url.startswith(("http://", "https://")):
+        return ImageSource(what, url=url)
+    scheme = url.partition(":")[0] if ":" in url else url[:16]
+    raise errors.BadRequest(f"{what}: image URLs must be data:, http: or https:, got {scheme!r}")
+
+
+def _content(message: Mapping[str, Any], where: str, images: list[ImageSource], reserved: tuple[str, ...]) -> Any:
+    content = message.get("content")
+    if content is None:
+        return []
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise errors.BadRequest(f"{where}.content must be a string or a list of parts, got {type(content).__name__}")
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        what = f"{where}.content[{index}]"
+        if isinstance(part, str):
+            part = {"type": "text", "text": part}
+        if not isinstance(part, dict):
+            raise errors.BadRequest(f"{what} must be an object, got {type(part).__name__}")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise errors.BadRequest(f"{what}: a text part needs a 'text' string")
+            _check_reserved(text, what, reserved)
+            parts.append({"type": "text", "text": text})
+        elif kind == "image_url":
+            images.append(_image_source(part, what))
+            parts.append({"type": "image"})
+        else:
+            raise errors.BadRequest(
+                f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url"
+            )
+    return parts
+
+
+def _check_reserved(text: str, what: str, reserved: tuple[str, ...]) -> None:
+    # A placeholder typed into the text would make the template's placeholders and the images
+    # disagree (vLLM refuses it too): images come only from image parts.
+    for token in reserved:
+        if token and token in text:
+            raise errors.BadRequest(f"{what}: the text contains the reserved image placeholder {token!r}")
+
+
+def _common(payload: Mapping[str, Any]) -> dict[str, Any]:
+    sampling, max_tokens = _sampling(payload)
+    priority = _typed(payload, "priority", (int,)) or 0
+    return {
+        "sampling": sampling,
+        "max_tokens": max_tokens,
+        "model": _typed(payload, "model", (str,)),
+        "request_id": _typed(payload, "request_id", (str,)),
+        "stream": bool(_typed(payload, "stream", (bool,))),
+        "priority": priority,
+    }
+
+
+def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int = 16) -> RenderRequest:
+    payload = _object(body)
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise errors.BadRequest("'messages' must be a non-empty list of messages")
+    conversation = []
+    images: list[ImageSource] = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise errors.BadRequest(f"{where} must be an object, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise errors.BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
+        if message.get("tool_calls"):
+            raise errors.BadRequest(f"{where}: tool calls are not supported by this render server")
+        entry: dict[str, Any] = {"role": role, "content": _content(message, where, images, reserved)}
+        name = message.get("name")
+        if isinstance(name, str):
+            entry["name"] = name
+        conversation.append(entry)
+    if len(images) > max_images:
+        raise errors.BadRequest(f"the messages have {len(images)} images, more than the limit of {max_images}")
+    add_generation_prompt = payload.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise errors.BadRequest("'add_generation_prompt' must be a boolean")
+    return RenderRequest(
+        conversation=tuple(conversation), prompt=None, images=tuple(images),
+        add_generation_prompt=add_generation_prompt, chat=True, **_common(payload),
+    )
+
+
+def parse_completion(body: bytes, *, reserved: tuple[str, ...] = ()) -> RenderRequest:
+    payload = _object(body)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise errors.BadRequest("'prompt' must be a non-empty string (one prompt per request)")
+    _check_reserved(prompt, "prompt", reserved)
+    return RenderRequest(
+        conversation=None, prompt=prompt, images=(), add_generation_prompt=False, chat=False, **_common(payload),
+    )

@@ -1,0 +1,285 @@
+"""mmprep's vLLM render API against vLLM's own render server: same folder, same requests, same answers.
+
+vLLM (``hack/vllm/venv.sh``: its own cached virtualenv, it pins its own torch and transformers)
+serves ``vllm launch render`` on a processor folder from ``mmprep-runtime make-model --kind
+qwen2-vl``; ``mmprep-runtime serve`` serves the same folder. Each case sends one body to both; vLLM's
+own ``GenerateRequest`` model and kwargs decoder, run in vLLM's virtualenv
+(``support/vllm_check.py``), validate mmprep's answer and compare it with vLLM's: token ids,
+placeholders, mm_hashes, sampling params, parse context and every decoded tensor (request_id
+aside). Both pixel hand-offs: uint8 (vLLM's default ``mm_device_do_normalize``) and normalized
+(``--no-mm-device-do-normalize`` / ``--normalized-pixels``).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.kube import HACK, wait_for
+
+from mmprep_runtime import testing_media, testing_models
+
+# The first test also pays for vLLM's virtualenv when it is not cached yet (`make test` installs it
+# before pytest starts) and for starting both servers.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+HERE = pathlib.Path(__file__).resolve().parent
+CHECKER = HERE.parent / "support" / "vllm_check.py"
+START_TIMEOUT = 240.0
+REQUEST_TIMEOUT = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rgba_png(width: int, height: int) -> bytes:
+    """A PNG with transparency: vLLM composites it onto white, and the conversion joins its hash."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(testing_media.png(width, height, seed=3))).convert("RGBA")
+    alpha = Image.linear_gradient("L").resize((width, height))
+    image.putalpha(alpha)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _data_uri(data: bytes, media_type: str) -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> pathlib.Path:
+    """vLLM's virtualenv, installed on first use and cached by version (seconds when warm)."""
+    done = subprocess.run([str(HACK / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, timeout=3600,
+                          check=False)
+    if done.returncode != 0:
+        pytest.fail(f"hack/vllm/venv.sh failed with exit code {done.returncode}; see its output above",
+                    pytrace=False)
+    return pathlib.Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def render_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return testing_models.make_model("qwen2-vl", tmp_path_factory.mktemp("models") / "qwen2-vl")
+
+
+class _Images(http.server.BaseHTTPRequestHandler):
+    files: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture(scope="session")
+def image_server() -> Iterator[str]:
+    """A local HTTP server with one JPEG: both render servers fetch the same URL."""
+    _Images.files = {"/photo.jpg": testing_media.jpeg(400, 300, seed=7)}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+class Server:
+    def __init__(self, name: str, command: list[str], env: dict[str, str], ready_path: str, log: pathlib.Path):
+        self.name, self.ready_path, self.log = name, ready_path, log
+        self.port = int(command[command.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._out = log.open("wb")
+        self.process = subprocess.Popen(command, env=env, stdout=self._out, stderr=subprocess.STDOUT)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=5) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait(self) -> "Server":
+        wait_for(self.ready, START_TIMEOUT, what=f"{self.name} to be ready", interval=0.5, describe=self.tail)
+        return self
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+    def get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=REQUEST_TIMEOUT) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, None
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+        self._out.close()
+
+
+def start_vllm(venv: pathlib.Path, model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
+    command = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
+               "--port", str(_free_port()), "--mm-processor-cache-gb", "0"]
+    if normalized:
+        command.append("--no-mm-device-do-normalize")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    return Server("vLLM render", command, env, "/health", logs / f"vllm-{normalized}.log")
+
+
+def start_mmprep(model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
+    command = [sys.executable, "-m", "mmprep_runtime.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(_free_port()), "--fetch-allowed-networks", "127.0.0.1/32"]
+    if normalized:
+        command.append("--normalized-pixels")
+    return Server("mmprep", command, dict(os.environ), "/health", logs / f"mmprep-{normalized}.log")
+
+
+def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    one = _data_uri(testing_media.jpeg(640, 480, seed=1), "image/jpeg")
+    three = [
+        _data_uri(testing_media.jpeg(320, 240, seed=2), "image/jpeg"),
+        _data_uri(_rgba_png(200, 300), "image/png"),
+        _data_uri(testing_media.jpeg(500, 375, seed=4), "image/jpeg"),
+    ]
+    chat = "/v1/chat/completions/render"
+
+    def image(url: str) -> dict[str, Any]:
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    return {
+        "one image": (chat, {"messages": [{"role": "user", "content": [
+            image(one), {"type": "text", "text": "Describe this picture in one sentence."}]}]}),
+        "three images of different sizes": (chat, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "How many people are in the image?"}, *[image(u) for u in three]]}],
+            "max_tokens": 64}),
+        "text only": (chat, {"messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}]}),
+        "an image URL": (chat, {"messages": [{"role": "user", "content": [
+            image(f"{image_url}/photo.jpg"), {"type": "text", "text": "What is written on the page?"}]}]}),
+        "a system prompt and sampling fields": (chat, {
+            "messages": [
+                {"role": "system", "content": "A cat is sitting on a red mat."},
+                {"role": "user", "content": [image(one), {"type": "text", "text": "Describe this picture."}]},
+                {"role": "assistant", "content": "A cat."},
+                {"role": "user", "content": "Transcribe the audio and summarise it."},
+            ],
+            "max_tokens": 32, "temperature": 0.2, "top_p": 0.9, "seed": 7, "stop": ["\n"],
+        }),
+        "a completion prompt": ("/v1/completions/render", {"prompt": "The quick brown fox", "max_tokens": 5}),
+    }
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["uint8", "normalized"])
+def compared(request: pytest.FixtureRequest, vllm_venv, render_model, image_server, tmp_path_factory) -> dict[str, Any]:
+    """Both servers up on one folder; every case sent to both; vLLM's checker run once over all."""
+    normalized = request.param
+    work = tmp_path_factory.mktemp("compat-normalized" if normalized else "compat-uint8")
+    vllm = start_vllm(vllm_venv, render_model, normalized, work)
+    mmprep = start_mmprep(render_model, normalized, work)
+    try:
+        mmprep.wait()
+        vllm.wait()
+        manifest: dict[str, list[str]] = {}
+        statuses: dict[str, tuple[int, int]] = {}
+        for name, (path, body) in cases(image_server).items():
+            ours_status, ours = mmprep.post(path, body)
+            theirs_status, theirs = vllm.post(path, body)
+            statuses[name] = (ours_status, theirs_status)
+            slug = name.replace(" ", "-")
+            (work / f"{slug}.ours.json").write_text(json.dumps(ours))
+            (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
+            if ours_status == theirs_status == 200:
+                manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
+        (work / "manifest.json").write_text(json.dumps(manifest))
+        checked = subprocess.run([str(vllm_venv / "bin" / "python"), str(CHECKER), str(work / "manifest.json")],
+                                 capture_output=True, text=True, timeout=600, check=False,
+                                 env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"})
+        assert checked.returncode == 0, checked.stderr[-3000:]
+        results = json.loads(checked.stdout.strip().splitlines()[-1])
+        models = (mmprep.get("/v1/models"), vllm.get("/v1/models"))
+        error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
+        errors = (mmprep.post("/v1/chat/completions/render", error_body),
+                  vllm.post("/v1/chat/completions/render", error_body))
+        return {"statuses": statuses, "results": results, "models": models, "errors": errors, "work": work,
+                "logs": (mmprep.tail(), vllm.tail())}
+    finally:
+        mmprep.stop()
+        vllm.stop()
+
+
+CASE_NAMES = ["one image", "three images of different sizes", "text only", "an image URL",
+              "a system prompt and sampling fields", "a completion prompt"]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_vllm_accepts_and_equals_what_mmprep_renders(compared, case):
+    ours_status, theirs_status = compared["statuses"][case]
+    assert theirs_status == 200, f"vLLM answered {theirs_status}; see {compared['work']}"
+    assert ours_status == 200, f"mmprep answered {ours_status}; see {compared['work']}"
+    result = compared["results"][case]
+    assert result["ok"], "\n".join(result["problems"])
+    print(case, result["summary"])
+
+
+def test_the_pixel_hand_off_is_uint8_by_default_and_normalized_on_request(compared, request):
+    normalized = "normalized" in request.node.callspec.id
+    dtypes = {summary["pixel_dtype"] for result in compared["results"].values()
+              for summary in result["summary"].values() if summary.get("pixel_dtype")}
+    assert dtypes == ({"torch.bfloat16"} if normalized else {"torch.uint8"}), dtypes
+
+
+def test_models_list_the_same_model(compared):
+    (ours_status, ours), (theirs_status, theirs) = compared["models"]
+    assert ours_status == theirs_status == 200
+    assert [m["id"] for m in ours["data"]] == [m["id"] for m in theirs["data"]]
+    assert ours["data"][0]["max_model_len"] == theirs["data"][0]["max_model_len"]
+
+
+def test_errors_have_vllms_shape(compared):
+    (ours_status, ours), (theirs_status, theirs) = compared["errors"]
+    assert ours_status == theirs_status == 400, (ours, theirs)
+    assert set(ours["error"]) == set(theirs["error"]) and ours["error"]["code"] == theirs["error"]["code"]
+    assert "video_frame" in ours["error"]["message"]

@@ -1,0 +1,60 @@
+"""``spec.api`` selects what the runtime pods serve; the port, the probes and the Service follow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from conftest import DATA
+from mmprep_operator import api, render
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.nodes import node_facts
+from mmprep_operator.plan import make_plan
+from mmprep_operator import yamlio
+
+
+def _objects(**spec_fields: Any) -> dict[str, dict[str, Any]]:
+    body = yaml.safe_load((DATA / "cr.yaml").read_text())
+    spec = api.MultimodalPreprocessorSpec.model_validate({**body["spec"], **spec_fields})
+    nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
+    result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
+    meta = body["metadata"]
+    plan = make_plan(render.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, OperatorPolicy())
+    return {obj["kind"]: obj for obj in plan.objects}
+
+
+def _container(objects: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_default_api_is_mmprep_on_8080_with_readyz():
+    objects = _objects()
+    container = _container(objects)
+    assert container["ports"][0]["containerPort"] == 8080
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert objects["Service"]["spec"]["ports"][0]["port"] == 8080
+    assert "--normalized-pixels" not in container["command"]
+
+
+def test_vllm_render_serves_on_vllms_port_with_its_health_probe():
+    objects = _objects(api="vllm-render")
+    container = _container(objects)
+    assert container["command"][container["command"].index("--port") + 1] == "8000"
+    assert container["ports"][0]["containerPort"] == 8000
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    # Alive while the processor loads: liveness and startup stay on /healthz.
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert objects["Service"]["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http",
+                                                       "protocol": "TCP"}
+
+
+def test_normalized_pixels_reach_the_runtime_flag():
+    assert "--normalized-pixels" in _container(_objects(api="vllm-render", normalizedPixels=True))["command"]
+
+
+def test_an_unknown_api_is_refused():
+    with pytest.raises(ValidationError, match="vllm-render"):
+        _objects(api="openai")

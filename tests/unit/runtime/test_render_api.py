@@ -1,0 +1,256 @@
+"""The vLLM render API on a real port: real processor, real sockets, real image servers.
+
+Every bad input of the issue's list gets a 4xx in vLLM's error shape naming the problem, and a
+good request right after it succeeds. Image URLs are fetched from local HTTP servers that
+misbehave on purpose (404, slow, endless redirects, oversized); loopback is refused unless the
+allow-list names it. Equality with vLLM's own answers is tests/compat/'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import json
+import struct
+import zlib
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from mmprep_runtime import loading, server, testing_media
+from mmprep_runtime.policy import Device
+from mmprep_runtime.settings import FetchSettings, Limits, RenderSettings, ServeSettings, parse_networks
+
+TIMEOUT = 60
+
+
+def _data_uri(data: bytes, media_type: str = "image/jpeg") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def _chat(*parts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": list(parts)}], **fields}
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+TEXT = {"type": "text", "text": "Describe this picture."}
+
+
+def _huge_png(width: int = 40000, height: int = 40000) -> bytes:
+    """A PNG whose header says 40000x40000: refused from the header, before any pixel is decoded."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+
+
+@dataclasses.dataclass
+class Running:
+    url: str
+    app: web.Application
+    client: aiohttp.ClientSession
+
+    async def render(self, body: Any, path: str = "/v1/chat/completions/render") -> tuple[int, Any]:
+        async with self.client.post(self.url + path, json=body) as response:
+            return response.status, await response.json(content_type=None)
+
+
+@pytest.fixture
+async def images() -> AsyncIterator[str]:
+    """Image URLs that succeed and fail in every way the issue lists."""
+    photo = testing_media.jpeg(96, 64, seed=5)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(body=photo, content_type="image/jpeg")
+
+    async def slow(_: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response(body=photo)
+
+    async def loop(request: web.Request) -> web.Response:
+        raise web.HTTPFound(str(request.url))
+
+    async def big(_: web.Request) -> web.Response:
+        return web.Response(body=b"\xff" * 300_000, content_type="image/jpeg")
+
+    app = web.Application()
+    app.router.add_get("/photo.jpg", ok)
+    app.router.add_get("/slow.jpg", slow)
+    app.router.add_get("/loop.jpg", loop)
+    app.router.add_get("/big.jpg", big)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    yield f"http://{host}:{port}"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def start_render() -> AsyncIterator[Any]:
+    runners: list[web.AppRunner] = []
+    clients: list[aiohttp.ClientSession] = []
+
+    async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False,
+                    limits: Limits = Limits()) -> Running:
+        fetch = FetchSettings(allowed_networks=parse_networks(allowed), max_bytes=200_000, read_timeout_s=1.0)
+        settings = ServeSettings(
+            model=loading.ModelSettings(str(folder), device=Device.CPU), host="127.0.0.1", port=0,
+            processor_workers=1, io_workers=2, limits=limits,
+            render=RenderSettings(normalized_pixels=normalized, fetch=fetch),
+        )
+        app = server.create_app(settings)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        clients.append(client)
+        await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
+        return Running(f"http://{host}:{port}", app, client)
+
+    yield start
+    for client in clients:
+        await client.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+def _decode_item(text: str) -> dict[str, Any]:
+    import msgpack
+
+    return msgpack.unpackb(base64.b64decode(text), raw=False)
+
+
+async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qwen_dir):
+    running = await start_render(qwen_dir)
+    status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(112, 84))), TEXT, ),
+                                          )
+    assert status == 200, answer
+    assert answer["request_id"].startswith("chatcmpl-")
+    features = answer["features"]
+    (placeholder,) = features["mm_placeholders"]["image"]
+    assert placeholder["length"] == 12  # 112x84 -> 8x6 patches of 14 -> 48 / 2x2 merge
+    assert set(answer["token_ids"][placeholder["offset"]:placeholder["offset"] + 12]) == {
+        running.app[server.STATE].render_model.image_token_id}
+    (item,) = features["kwargs_data"]["image"]
+    decoded = _decode_item(item)
+    dtype, shape, _raw = decoded["pixel_values"]["data"]
+    assert (dtype, shape) == ("uint8", [48, 1176])
+    assert decoded["image_grid_thw"]["field"] == ["batched", {"keep_on_cpu": True}]
+    assert len(features["mm_hashes"]["image"][0]) == 64
+    assert answer["sampling_params"]["max_tokens"] == 32768 - len(answer["token_ids"])
+
+
+async def test_an_image_hashes_the_same_in_both_pixel_modes(start_render, qwen_dir):
+    uint8 = await start_render(qwen_dir)
+    normalized = await start_render(qwen_dir, normalized=True)
+    body = _chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT)
+    first, second = (await uint8.render(body))[1], (await uint8.render(body))[1]
+    other = (await normalized.render(body))[1]
+    assert first["features"]["mm_hashes"] == second["features"]["mm_hashes"]
+    # vLLM applies the hand-off's processor arguments after hashing: the item is the same image.
+    assert other["features"]["mm_hashes"] == first["features"]["mm_hashes"]
+    dtype = _decode_item(other["features"]["kwargs_data"]["image"][0])["pixel_values"]["data"][0]
+    assert dtype == "bfloat16"
+
+
+async def test_models_and_health_answer_like_vllm(start_render, qwen_dir):
+    running = await start_render(qwen_dir)
+    async with running.client.get(running.url + "/health") as response:
+        assert response.status == 200 and await response.read() == b""
+    async with running.client.get(running.url + "/v1/models") as response:
+        models = await response.json()
+    assert models["object"] == "list" and models["data"][0]["id"] == str(qwen_dir)
+    async with running.client.get(running.url + "/v1/info") as response:
+        assert (await response.json())["vllm_render"]["pixels"] == "uint8"
+    status, answer = await running.render({"prompt": "The quick brown fox", "max_tokens": 5},
+                                          "/v1/completions/render")
+    assert status == 200 and isinstance(answer, list) and answer[0]["sampling_params"]["max_tokens"] == 5
+    assert "features" not in answer[0]
+
+
+def _bad_inputs(images: str) -> list[tuple[str, Any, int, str]]:
+    return [
+        ("a body that is not JSON", b"{not json", 400, "not valid JSON"),
+        ("messages missing", {"model": "x"}, 400, "'messages'"),
+        ("an unknown content part type", _chat({"type": "video_frame"}), 400, "video_frame"),
+        ("an image_url without a url", _chat({"type": "image_url", "image_url": {}}), 400, "'url'"),
+        ("more images than the placeholders",
+         _chat(_image(_data_uri(testing_media.jpeg())), {"type": "text", "text": "x <|image_pad|>"}), 400,
+         "reserved image placeholder"),
+        ("a data URI that is not an image", _chat(_image(_data_uri(b"hello world", "image/png")), TEXT), 400,
+         "not an image"),
+        ("a data URI of another media type", _chat(_image(_data_uri(b"hello", "text/plain")), TEXT), 400,
+         "not an image"),
+        ("a 40000x40000 PNG", _chat(_image(_data_uri(_huge_png(), "image/png")), TEXT), 413, "is too large"),
+        ("an image URL that 404s", _chat(_image(f"{images}/missing.jpg"), TEXT), 400, "answered HTTP 404"),
+        ("an image URL that times out", _chat(_image(f"{images}/slow.jpg"), TEXT), 408, "did not answer"),
+        ("an image URL that redirects forever", _chat(_image(f"{images}/loop.jpg"), TEXT), 400,
+         "redirects more than"),
+        ("an image URL larger than the cap", _chat(_image(f"{images}/big.jpg"), TEXT), 413, "over the cap"),
+        ("an image URL of a file: scheme", _chat(_image("file:///etc/passwd"), TEXT), 400, "data:, http: or https:"),
+        ("an image URL at the metadata address", _chat(_image("http://169.254.169.254/latest/x.jpg"), TEXT), 400,
+         "not a public address"),
+        ("an unknown model", _chat(TEXT, model="other-model"), 404, "does not exist"),
+        ("an unsupported field", _chat(TEXT, tools=[{"type": "function"}]), 400, "tools"),
+    ]
+
+
+async def test_every_bad_input_gets_a_clear_4xx_and_the_next_request_succeeds(start_render, qwen_dir, images):
+    running = await start_render(qwen_dir, limits=Limits(max_image_pixels=5_000_000))
+    good = _chat(_image(f"{images}/photo.jpg"), TEXT)
+    for case, body, expected, fragment in _bad_inputs(images):
+        if isinstance(body, bytes):
+            async with running.client.post(running.url + "/v1/chat/completions/render", data=body,
+                                           headers={"Content-Type": "application/json"}) as response:
+                status, answer = response.status, await response.json()
+        else:
+            status, answer = await running.render(body)
+        assert status == expected, (case, answer)
+        error = answer["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == expected, (case, error)
+        assert fragment in error["message"], (case, error)
+        good_status, good_answer = await running.render(good)
+        assert good_status == 200, (f"after {case}", good_answer)
+
+
+async def test_loopback_urls_are_refused_unless_allowed(start_render, qwen_dir, images):
+    running = await start_render(qwen_dir, allowed="")
+    status, answer = await running.render(_chat(_image(f"{images}/photo.jpg"), TEXT))
+    assert status == 400 and "127.0.0.1 is not a public address" in answer["error"]["message"], answer
+    status, answer = await running.render(_chat(_image(images.replace("127.0.0.1", "localhost") + "/photo.jpg"), TEXT))
+    assert status == 400 and "not a public address" in answer["error"]["message"], answer
+
+
+async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
+    running = await start_render(qwen_dir)
+    body = {"text": "look <|vision_start|><|image_pad|><|vision_end|>",
+            "images": [base64.b64encode(testing_media.jpeg(56, 56)).decode()]}
+    async with running.client.post(running.url + "/v1/preprocess?pixels=uint8", json=body) as response:
+        answer = await response.json()
+    assert answer["tensors"]["pixel_values"]["dtype"] == "uint8"
+    async with running.client.post(running.url + "/v1/preprocess", json=body) as response:
+        assert (await response.json())["tensors"]["pixel_values"]["dtype"] == "float32"
+
+
+async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(
+        start_render, llava_dir):
+    running = await start_render(llava_dir)
+    status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT))
+    assert status == 400 and "renders images for" in answer["error"]["message"], answer
+    status, answer = await running.render(_chat(TEXT))
+    assert status == 400 and "no chat template" in answer["error"]["message"], answer
+    status, answer = await running.render({"prompt": "The quick brown fox"}, "/v1/completions/render")
+    assert status == 200 and answer[0]["token_ids"] and "features" not in answer[0], answer

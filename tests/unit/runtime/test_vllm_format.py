@@ -1,0 +1,61 @@
+"""vLLM's wire format pieces that mmprep writes by hand, checked against msgpack's own encoder.
+
+(Equality with what vLLM itself writes and decodes is tests/compat/'s job; here, that the
+hand-written message is exactly what msgpack would have written, for every tensor size class.)
+"""
+
+from __future__ import annotations
+
+import base64
+
+import msgpack
+import pytest
+import torch
+
+from mmprep_runtime import vllm_format
+
+
+def _reference(item: dict[str, vllm_format.KwargsElement]) -> bytes:
+    wire = {
+        key: {"data": [str(e.data.dtype).removeprefix("torch."), list(e.data.shape),
+                       msgpack.ExtType(vllm_format.RAW_VIEW_EXT, e.data.contiguous().numpy().tobytes())],
+              "field": e.field.wire()}
+        for key, e in item.items()
+    }
+    return msgpack.packb(wire, use_bin_type=True)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 100, 6000, 60000])
+def test_a_kwargs_item_is_the_message_msgpack_would_write(rows):
+    pixels = torch.arange(rows * 1176, dtype=torch.int32).remainder(251).to(torch.uint8).reshape(rows, 1176)
+    item = {
+        "pixel_values": vllm_format.KwargsElement(pixels, vllm_format.FlatField(((0, rows), (rows, rows + 4)))),
+        "image_grid_thw": vllm_format.KwargsElement(torch.tensor([1, 2, 3]), vllm_format.BatchedField(keep_on_cpu=True)),
+    }
+    ours = base64.b64decode(vllm_format.kwargs_item_base64(item))
+    assert ours == _reference(item)
+    decoded = msgpack.unpackb(ours, raw=False)
+    assert decoded["pixel_values"]["field"][1]["slices"] == [[[0, rows, None]], [[rows, rows + 4, None]]]
+
+
+def test_a_non_contiguous_tensor_is_written_in_row_order():
+    grid = torch.arange(12, dtype=torch.int64).reshape(3, 4).t()
+    item = {"x": vllm_format.KwargsElement(grid, vllm_format.BatchedField())}
+    ours = msgpack.unpackb(base64.b64decode(vllm_format.kwargs_item_base64(item)), raw=False)
+    assert ours["x"]["data"][2].data == grid.contiguous().numpy().tobytes()
+
+
+def test_placeholder_runs_find_each_run_of_the_image_token():
+    assert vllm_format.placeholder_runs([1, 5, 5, 2, 5, 3, 5, 5, 5], 5) == [
+        {"offset": 1, "length": 2}, {"offset": 4, "length": 1}, {"offset": 6, "length": 3}]
+    assert vllm_format.placeholder_runs([1, 2], 5) == []
+
+
+def test_mm_hashes_depend_on_the_bytes_the_model_and_the_conversion():
+    plain = vllm_format.EncodedImage(b"\xff\xd8 image bytes")
+    converted = vllm_format.EncodedImage(b"\xff\xd8 image bytes", {"image_mode": "RGB"})
+    base = vllm_format.mm_hash("model", "image", plain, {})
+    assert base == vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 image bytes"), {})
+    assert len({base, vllm_format.mm_hash("other", "image", plain, {}),
+                vllm_format.mm_hash("model", "image", converted, {}),
+                vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 other"), {})}) == 4
