@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Final
 from aiohttp import web
 
 from mmprep_runtime import engine as engine_module
-from mmprep_runtime import errors, fetching, pipeline, render, vllm_format
+from mmprep_runtime import errors, executor, fetching, pipeline, render, vllm_format
 from mmprep_runtime.admission import Admission
 from mmprep_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mmprep_runtime.metrics import Metrics
@@ -166,6 +166,9 @@ async def admitted(
         try:
             async with asyncio.timeout(state.settings.load.deadline_s):
                 return await handler(request, state, engine)
+        except executor.NoWorkersLeft as exc:
+            # Every worker's clone failed after start-up: the pod cannot serve (readiness says so).
+            raise errors.NotReady(f"not ready: {exc}") from None
         except TimeoutError:
             raise errors.DeadlineExceeded(
                 f"no answer within the deadline of {state.settings.load.deadline_s:g} s"
@@ -262,6 +265,10 @@ async def handle_readyz(request: web.Request) -> web.Response:
         reason = "shutting down" if state.draining else "loading"
         if state.startup_error is not None:
             reason = f"failed: {state.startup_error}"
+        return web.json_response({"ready": False, "reason": reason}, status=503)
+    if state.engine.pool.live_workers == 0:
+        retired = state.engine.pool.retired
+        reason = f"no processor worker left: cloning failed in all {len(retired)} ({retired[-1].error})"
         return web.json_response({"ready": False, "reason": reason}, status=503)
     return web.json_response({"ready": True})
 

@@ -7,6 +7,7 @@ classes, a tokenizer trained with ``tokenizers``) and loaded the way a server lo
 from __future__ import annotations
 
 import pathlib
+import threading
 from typing import Callable
 
 import pytest
@@ -80,3 +81,29 @@ def started():
     yield start
     for running in engines:
         running.close(timeout=30)
+
+
+#: The processor pool's worker threads are named with this prefix (``executor.ProcessorPool``).
+POOL_THREAD_PREFIX = "mmprep-processor"
+
+
+class _OriginalGuard:
+    """Mixed into the original processor's class once the workers hold their clones: any pool job
+    that reaches the original (a closure over it, a module-level processor) instead of the clone
+    it was given fails loudly. The event loop and IO threads may still read it."""
+
+    def __getattribute__(self, name: str):
+        if threading.current_thread().name.startswith(POOL_THREAD_PREFIX):
+            raise AssertionError(f"a pool job used the original processor ({name!r}) instead of its worker's clone")
+        return object.__getattribute__(self, name)
+
+
+def guard_original_processor(running: engine.Engine) -> None:
+    """The test-time audit that every job the server submits takes the injected clone."""
+    # Every live worker holds its clone already (the server warms them before it is ready).
+    assert len(running.pool.clone_seconds) == running.pool.live_workers or not running.clone_probe.cloneable
+    if not running.clone_probe.cloneable:
+        return  # the single worker of an uncloneable processor uses the original by design
+    original = running.pool._resolve()
+    cls = type(original)
+    original.__class__ = type(f"Guarded{cls.__name__}", (_OriginalGuard, cls), {})

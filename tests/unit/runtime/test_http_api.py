@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
+from conftest import guard_original_processor
 from aiohttp import web
 
 from mmprep_runtime import engine as engine_module
@@ -90,6 +91,8 @@ async def start_server() -> AsyncIterator[Starter]:
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
         clients.append(client)
         await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
+        if app[server.STATE].engine is not None:
+            guard_original_processor(app[server.STATE].engine)
         return Running(f"http://{host}:{port}", app, client)
 
     yield start
@@ -374,3 +377,94 @@ async def _until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> Non
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(wait(), timeout)
+
+
+async def test_the_clone_guard_catches_a_job_that_uses_the_original_processor(start_server, qwen_dir):
+    # The control for the guard every server in these tests carries: a job closing over the
+    # original instead of taking its clone fails.
+    running = await start_server(qwen_dir, workers=2)
+    engine = running.state.engine
+    original = engine.pool._resolve()
+    with pytest.raises(AssertionError, match="instead of its worker's clone"):
+        engine.pool.submit(lambda _clone: original.tokenizer).result(TIMEOUT)
+    assert engine.pool.submit(lambda clone: type(clone.tokenizer).__name__).result(TIMEOUT)
+
+
+async def test_concurrent_requests_across_workers_answer_exactly_as_a_serial_run(start_server, qwen_dir):
+    from safetensors.torch import load
+
+    # 8 requests: within the 10 request slots of 2 workers, so all of them are in flight at once.
+    payloads = [{"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56 + 28 * (i % 4), 56 + 14 * (i % 3), seed=i))]}
+                for i in range(8)]  # fmt: skip
+    serial = await start_server(qwen_dir, workers=1)
+    expected = []
+    for payload in payloads:
+        status, _, body = await serial.post(payload, query="?format=safetensors")
+        assert status == 200, body
+        expected.append(load(body))
+    parallel = await start_server(qwen_dir, workers=2)
+    answers = await asyncio.gather(*(parallel.post(p, query="?format=safetensors") for p in payloads))
+    assert parallel.state.engine.pool.workers == 2
+    for (status, _, body), want in zip(answers, expected):
+        assert status == 200, body
+        got = load(body)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+            assert (got[name] == want[name]).all(), name
+    # Both workers served: the comparison covers answers made by each clone, not by one.
+    assert len(parallel.state.engine.pool.clone_seconds) == 2 and parallel.state.engine.pool.busy_seconds > 0
+
+
+def _worker_clones_failing_after(monkeypatch, good: int) -> None:
+    """The first ``good`` processor clones made by pool workers work, later ones fail; loading,
+    the start-up probe (other threads) and copies inside processing are left alone."""
+    from transformers import ProcessorMixin
+
+    from conftest import POOL_THREAD_PREFIX
+    from mmprep_runtime import executor
+
+    real = executor.copy.deepcopy
+    clones = [0]
+    inside = threading.local()  # a processor's deepcopy may recurse into deepcopy: count the outer one
+
+    def deepcopy(obj, memo=None):
+        outer = not getattr(inside, "depth", 0)
+        if outer and isinstance(obj, ProcessorMixin) and threading.current_thread().name.startswith(POOL_THREAD_PREFIX):
+            clones[0] += 1
+            if clones[0] > good:
+                raise MemoryError("cannot allocate the processor's tables")
+        inside.depth = getattr(inside, "depth", 0) + 1
+        try:
+            return real(obj, memo)
+        finally:
+            inside.depth -= 1
+
+    monkeypatch.setattr(executor.copy, "deepcopy", deepcopy)
+
+
+async def test_a_worker_whose_clone_fails_after_the_probe_retires_and_the_server_keeps_serving(
+    start_server, qwen_dir, monkeypatch
+):
+    _worker_clones_failing_after(monkeypatch, good=1)  # one worker clones, the other cannot
+    running = await start_server(qwen_dir, workers=2)
+    assert await running.json("/readyz") == (200, {"ready": True})
+    status, info = await running.json("/v1/info")
+    assert info["workers"]["processor"] == 2 and info["workers"]["live"] == 1
+    assert "MemoryError" in info["workers"]["retired"][0]["error"]
+    for seed in range(3):
+        code, _, body = await running.post({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56, seed=seed))]})
+        assert code == 200, body
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert "mmprep_processor_workers_live 1.0" in metrics
+    assert "mmprep_processor_workers_retired_total 1.0" in metrics
+
+
+async def test_with_no_worker_left_the_server_is_not_ready_and_says_why(start_server, qwen_dir, monkeypatch):
+    _worker_clones_failing_after(monkeypatch, good=0)  # the start-up probe copies, no worker can
+    running = await start_server(qwen_dir, workers=2)
+    status, body = await running.json("/readyz")
+    assert status == 503 and "no processor worker left" in body["reason"]
+    code, _, answer = await running.post({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]})
+    assert code == 503, answer

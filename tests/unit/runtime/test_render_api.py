@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
+from conftest import guard_original_processor
 from aiohttp import web
 
 from mmprep_runtime import loading, server, testing_media
@@ -118,6 +119,8 @@ async def start_render() -> AsyncIterator[Any]:
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
         clients.append(client)
         await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
+        if app[server.STATE].engine is not None:
+            guard_original_processor(app[server.STATE].engine)
         return Running(f"http://{host}:{port}", app, client)
 
     yield start
