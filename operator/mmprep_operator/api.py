@@ -492,7 +492,7 @@ class MultimodalPreprocessorStatus(_Model):
     path_summary: str | None = Field(None, description="Paths per pool, for kubectl get.")
     worker_summary: str | None = Field(None, description="Processor workers per pool, for kubectl get.")
     ready_summary: str | None = Field(None, description="ready/desired pods, for kubectl get.")
-    calibration_summary: str | None = Field(None, description="Measured pools / calibrated pools, for kubectl get -o wide.")
+    calibration_summary: str | None = Field(None, description="Calibration state per pool (measured, pending, failed, ...), for kubectl get -o wide.")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

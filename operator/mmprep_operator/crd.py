@@ -41,7 +41,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "priority": 1,
         "jsonPath": ".status.calibrationSummary",
-        "description": "Pools whose worker count was measured, of those calibrated.",
+        "description": "Which pools' worker counts were measured (calibration state per pool).",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

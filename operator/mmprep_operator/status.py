@@ -228,12 +228,13 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
 
 
 def _calibration_summary(pools: Sequence[api.PoolStatus]) -> str | None:
-    """"measured/calibrated" pools, e.g. "1/2" (None when calibration is off)."""
-    calibrated = [p.calibration for p in pools if p.calibration is not None]
-    if not calibrated:
-        return None
-    measured = sum(1 for c in calibrated if c.state == "Succeeded")
-    return f"{measured}/{len(calibrated)}"
+    """Which pools' counts are measured, e.g. "H200=measured,cpu=failed" (None when calibration is off)."""
+    parts = [
+        f"{p.gpu_model or p.name}={'measured' if p.calibration.state == 'Succeeded' else p.calibration.state.lower()}"
+        for p in pools
+        if p.calibration is not None
+    ]
+    return ",".join(parts) or None
 
 
 @dataclasses.dataclass(frozen=True)

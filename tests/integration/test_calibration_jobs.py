@@ -86,7 +86,7 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
     rule = ("ModelDeclared", declared) if declared else ("CPUPathDefault", 2)
     assert (kwok["reason"], kwok["processorWorkers"]) == rule
 
-    assert obj["status"]["calibrationSummary"] == "1/2"
+    assert obj["status"]["calibrationSummary"] == f"cpu=measured,{kwok.get('gpuModel') or kwok['name']}=failed"
 
     def deployment_follows() -> bool:
         dep = kube.apps.read_namespaced_deployment(agent["deployment"], namespace)

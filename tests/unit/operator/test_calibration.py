@@ -80,7 +80,7 @@ async def test_a_pool_serves_with_the_rule_until_its_measurement_arrives_then_ro
     assert (pool["processorWorkers"], pool["reason"]) == (2, "CPUPathDefault")
     assert pool["calibration"]["state"] == "Pending" and pool["calibration"]["job"] == job_name
     assert env_of(cluster, pool["deployment"])["MMPREP_PROCESSOR_WORKERS"] == "2"
-    assert cluster.status()["calibrationSummary"] == "0/1"
+    assert cluster.status()["calibrationSummary"] == "cpu=pending"
 
     # The Job measures on one node of the pool, with the pods' own resources, 1..4 workers.
     pod = job["spec"]["template"]["spec"]
@@ -104,7 +104,7 @@ async def test_a_pool_serves_with_the_rule_until_its_measurement_arrives_then_ro
     assert cal["measuredAt"] == "2026-01-01T00:00:00Z"
     assert "fewest within 5%" in cal["message"]
     assert env_of(cluster, pool["deployment"])["MMPREP_PROCESSOR_WORKERS"] == "3"
-    assert cluster.status()["calibrationSummary"] == "1/1"
+    assert cluster.status()["calibrationSummary"] == "cpu=measured"
     reasons = [e["reason"] for e in cluster.api.events]
     assert "Calibrated" in reasons
     calibrated = next(e for e in cluster.api.events if e["reason"] == "Calibrated")
