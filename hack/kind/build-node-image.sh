@@ -24,8 +24,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
 repo=$(cd "$here/../.." && pwd)
 
-key=$(cat "$here"/versions.sh "$here"/build-node-image.sh "$here"/build-binaries.sh "$here"/ptp-conflist.sh \
-  <(env | grep -E '^(KIND|K8S|ETCD|CONTAINERD|RUNC|CRICTL|COREDNS|DEBIAN)_' | sort) | sha256sum | cut -c1-12)
+pins="$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CONTAINERD_VERSION $RUNC_VERSION $CRICTL_VERSION $COREDNS_VERSION $DEBIAN_SUITE"
+key=$(cat "$here"/build-node-image.sh "$here"/build-binaries.sh "$here"/ptp-conflist.sh <(echo "$pins") | sha256sum | cut -c1-12)
 NODE_IMAGE=${KIND_NODE_IMAGE:-mmprep-kind-node:$K8S_VERSION-$key}
 
 "$repo/hack/docker/start-dockerd.sh"
