@@ -12,7 +12,8 @@
 #      $KIND_MODELS_DIR, mounted at /mmprep-models on every kind node;
 #   4. creates the cluster (one control plane, two workers): static per-node CNI configs and pod
 #      routes between the nodes (kindnetd is not built here), kubelets allowed on cgroup v1;
-#   5. `kind load`s both images into the workers;
+#   5. loads both images into the workers (hack/kind/load-image.sh: what `kind load` does, but the
+#      6 GB runtime image is stored once per node);
 #   6. labels worker 1 as an H200 node the way GPU Feature Discovery would and advertises
 #      `nvidia.com/gpu` through node status (no real GPU: pods there preprocess on the CPU path);
 #      worker 2 stays a CPU-only node;
@@ -115,7 +116,7 @@ done
 k wait --for=condition=Ready nodes --all --timeout=300s >&2
 
 log "loading $operator_image and $runtime_image into the workers"
-"$KIND" load docker-image --name "$KIND_CLUSTER" --nodes "${nodes[1]},${nodes[2]}" "$operator_image" "$runtime_image" >&2
+for image in "$operator_image" "$runtime_image"; do "$here/../kind/load-image.sh" "$image" "${nodes[1]}" "${nodes[2]}"; done
 phase "images loaded"
 
 gpu_node=${nodes[1]}
