@@ -36,6 +36,8 @@ for node in "${todo[@]}"; do
   docker save "$image" | python3 "$here/oci_gzip.py" write "$plan" "$ref" \
     | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null 2>&1
   docker exec "$node" ctr -n k8s.io content rm "${layers[@]}" >/dev/null
-  docker exec "$node" crictl images -q --no-trunc | grep -qx "$id" || kdie "$image is not usable on $node after loading"
+  # The CRI plugin learns of the import from containerd's events: give it a moment.
+  for _ in $(seq 60); do docker exec "$node" crictl images -q --no-trunc 2>/dev/null | grep -qx "$id" && break; sleep 1; done
+  docker exec "$node" crictl images -q --no-trunc 2>/dev/null | grep -qx "$id" || kdie "$image is not usable on $node after loading"
   klog "loaded $image into $node in $((SECONDS - start)) s"
 done
