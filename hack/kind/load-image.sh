@@ -20,10 +20,10 @@ case "$image" in
   *) ref="docker.io/library/$image" ;;
 esac
 plan="$KIND_CACHE/plans/${id#sha256:}.json"
+# (Listed into a variable first: `grep -q` would close the pipe early and pipefail take that as failure.)
+loaded() { local ids; ids=$(docker exec "$1" crictl images -q --no-trunc 2>/dev/null || true); grep -qx "$id" <<<"$ids"; }
 todo=()
-for node in "$@"; do
-  docker exec "$node" crictl images -q --no-trunc 2>/dev/null | grep -qx "$id" || todo+=("$node")
-done
+for node in "$@"; do loaded "$node" || todo+=("$node"); done
 [ ${#todo[@]} -gt 0 ] || exit 0
 if [ ! -s "$plan" ]; then
   mkdir -p "$(dirname "$plan")"
@@ -37,7 +37,7 @@ for node in "${todo[@]}"; do
     | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null 2>&1
   docker exec "$node" ctr -n k8s.io content rm "${layers[@]}" >/dev/null
   # The CRI plugin learns of the import from containerd's events: give it a moment.
-  for _ in $(seq 60); do docker exec "$node" crictl images -q --no-trunc 2>/dev/null | grep -qx "$id" && break; sleep 1; done
-  docker exec "$node" crictl images -q --no-trunc 2>/dev/null | grep -qx "$id" || kdie "$image is not usable on $node after loading"
+  for _ in $(seq 60); do loaded "$node" && break; sleep 1; done
+  loaded "$node" || kdie "$image is not usable on $node after loading"
   klog "loaded $image into $node in $((SECONDS - start)) s"
 done
