@@ -77,7 +77,8 @@ done
 state="$MMPREP_CACHE/kind/$KIND_CLUSTER"
 mkdir -p "$(dirname "$KIND_KUBECONFIG")" "$state"
 roles=(control-plane worker worker)
-if ! "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER"; then
+clusters=$("$KIND" get clusters 2>/dev/null || true)
+if ! grep -qx "$KIND_CLUSTER" <<<"$clusters"; then
   cfg="$state/kind.yaml"
   {
     echo "kind: Cluster"
