@@ -173,5 +173,9 @@ docker exec "$cid" rm -f /tmp/containerd.log
 docker commit --change 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]' "$cid" "$NODE_IMAGE" >/dev/null
 docker rm -f "$cid" >/dev/null; cid=""
 docker rmi "mmprep-kind-base:$key" >/dev/null
+# Node images of earlier pins or scripts are dead weight (1 GB each); those a cluster runs on stay.
+for old in $(docker images --format '{{.Repository}}:{{.Tag}}' mmprep-kind-node); do
+  [ "$old" = "$NODE_IMAGE" ] || docker rmi "$old" >/dev/null 2>&1 || true
+done
 klog "node image $NODE_IMAGE: preload $((SECONDS - start)) s, all steps $((SECONDS - total)) s, $(( $(docker image inspect -f '{{.Size}}' "$NODE_IMAGE") / 1000000 )) MB"
 echo "$NODE_IMAGE"
