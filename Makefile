@@ -50,7 +50,7 @@ demo: venv
 	hack/demo.sh
 
 # --- packaging (hack/docker/, charts/mmprep/): images, chart checks, kind e2e -------------------
-.PHONY: images helm-lint chart-sync kind-e2e
+.PHONY: images helm-lint chart-sync kind-node-image kind-up kind-down kind-e2e
 # Both images, from a local debootstrap base and a host wheelhouse (no registry needed; cached).
 # Online: make images BASE_IMAGE=python:3.11-slim-bookworm MMPREP_WHEELHOUSE=0
 images:
@@ -64,6 +64,17 @@ chart-sync: venv
 	$(VENV)/bin/mmprep-operator crd > charts/mmprep/crds/multimodalpreprocessors.mmprep.dev.yaml
 	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
 
-# kind + Helm + the images (needs kind, a Docker engine and a kind node image; see README).
-kind-e2e: venv images
-	MMPREP_KIND_E2E=1 $(PY) -m pytest -rs tests/e2e/test_kind_e2e.py
+# The kind node image, built offline from Debian packages and Go modules (hack/kind/; cached).
+kind-node-image:
+	hack/kind/build-node-image.sh
+
+# A kind cluster (1 control plane, a fake H200 worker, a CPU worker) with the images and the chart.
+kind-up: venv images kind-node-image
+	hack/docker/kind-up.sh
+
+kind-down:
+	hack/docker/kind-down.sh
+
+# The kind suite alone (it also runs in `make test`): its own cluster, deleted afterwards.
+kind-e2e: venv control-plane images kind-node-image
+	$(PY) -m pytest -rs tests/e2e/test_kind_e2e.py
