@@ -40,7 +40,7 @@ LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
 LABEL_POOL: Final = "mmprep.dev/pool"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-TERMINATION_LOG: Final = "/dev/termination-log"
+TERMINATION_LOG: Final = render.TERMINATION_LOG
 
 MEASURED, PENDING, FAILED, UNAVAILABLE, NOT_NEEDED = (
     "Measured",
@@ -152,51 +152,28 @@ def render_job(
         LABEL_CALIBRATION_HASH: hash_,
         LABEL_POOL: pool.name,
     }
-    volumes, mounts = render.model_volumes(spec)
-    container: dict[str, Any] = {
-        "name": "calibrate",
-        "image": render.image_of(spec, policy),
-        "command": command(spec, policy),
-        "env": render.model_env(spec),
-        # The pods' own resources: the measurement is only true for what a pod gets.
-        "resources": spec.resources.wire(),
-        "volumeMounts": mounts,
-        "securityContext": render.container_security_context(),
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if (pull := render.pull_policy_of(spec, policy)) is not None:
-        container["imagePullPolicy"] = pull
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "securityContext": render.pod_security_context(),
-        "containers": [container],
-        "volumes": volumes,
-        # The pool's own constraints plus the one node: the scheduler still checks resources and
-        # taints, so a node that cannot take the pod leaves the Job pending until its deadline.
-        "nodeSelector": {**spec.node_selector, **pool.node_selector, HOSTNAME_LABEL: node},
-    }
+    # The pool's own constraints plus the one node: the scheduler still checks resources and
+    # taints, so a node that cannot take the pod leaves the Job pending until its deadline.
+    placement: dict[str, Any] = {"nodeSelector": {**spec.node_selector, **pool.node_selector, HOSTNAME_LABEL: node}}
     if spec.tolerations:
-        pod_spec["tolerations"] = list(spec.tolerations)
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
-    meta: dict[str, Any] = {"name": job_name(hash_), "namespace": owner.namespace, "labels": labels}
-    if owner.uid:
-        meta["ownerReferences"] = [owner.reference(controller=False)]
+        placement["tolerations"] = list(spec.tolerations)
     settings = policy.calibration
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": meta,
-        "spec": {
-            # A measurement that failed once would fail (or mislead) again: fall back at once.
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": settings.timeout_seconds,
-            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    return jobs.render_answering_job(
+        owner,
+        spec,
+        policy,
+        name=job_name(hash_),
+        labels=labels,
+        container_name="calibrate",
+        command=command(spec, policy),
+        # The pods' own resources: the measurement is only true for what a pod gets.
+        resources=spec.resources.wire(),
+        placement=placement,
+        # A measurement that failed once would fail (or mislead) again: fall back at once.
+        backoff_limit=0,
+        deadline_seconds=settings.timeout_seconds,
+        ttl_seconds=settings.ttl_seconds_after_finished,
+    )
 
 
 def not_needed_reason(decision: WorkerDecision) -> str | None:

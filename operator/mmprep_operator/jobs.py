@@ -1,8 +1,9 @@
-"""Reading a finished Job: its state conditions and its pods' termination messages.
+"""The Jobs that answer through a termination message: building them, and reading a finished one.
 
-The probe and calibration Jobs both answer through the termination message of their one
-container (the kubelet keeps up to 4 KiB of it in the pod's status), so reading them is the same.
-Pure: the callers fetch the Job and its pods.
+The probe and calibration Jobs both run one runtime container with the resource's model, volumes
+and security context, and answer through its termination message (the kubelet keeps up to 4 KiB
+of it in the pod's status), so building and reading them is the same. Pure: the callers fetch
+the Job and its pods.
 """
 
 from __future__ import annotations
@@ -10,7 +11,70 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from mmprep_operator import api, render
+from mmprep_operator.config import OperatorPolicy
+
 _MESSAGE_TAIL: Final = 600
+
+
+def render_answering_job(
+    owner: render.Owner,
+    spec: api.MultimodalPreprocessorSpec,
+    policy: OperatorPolicy,
+    *,
+    name: str,
+    labels: Mapping[str, str],
+    container_name: str,
+    command: list[str],
+    resources: Mapping[str, Any],
+    placement: Mapping[str, Any],
+    backoff_limit: int,
+    deadline_seconds: int,
+    ttl_seconds: int,
+) -> dict[str, Any]:
+    """A one-container Job in the runtime image that answers in its termination message.
+
+    Owned (not controlled) by ``owner``: resources that share the Job add themselves as owners.
+    """
+    volumes, mounts = render.model_volumes(spec)
+    container: dict[str, Any] = {
+        "name": container_name,
+        "image": render.image_of(spec, policy),
+        "command": command,
+        "env": render.model_env(spec),
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": render.container_security_context(),
+        "terminationMessagePath": render.TERMINATION_LOG,
+        # When the run dies before writing its JSON, the log tail is the best explanation there is.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if (pull := render.pull_policy_of(spec, policy)) is not None:
+        container["imagePullPolicy"] = pull
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": render.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        **placement,
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    meta: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": dict(labels)}
+    if owner.uid:
+        meta["ownerReferences"] = [owner.reference(controller=False)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "activeDeadlineSeconds": deadline_seconds,
+            "ttlSecondsAfterFinished": ttl_seconds,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }
 
 
 def condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:

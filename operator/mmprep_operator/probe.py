@@ -60,45 +60,20 @@ def render_job(
         render.LABEL_MANAGED_BY: render.MANAGED_BY,
         LABEL_PROBE_HASH: hash_,
     }
-    volumes, mounts = render.model_volumes(spec)
-    container: dict[str, Any] = {
-        "name": "probe",
-        "image": render.image_of(spec, policy),
-        "command": ["mmprep-runtime", "probe", *render.model_args(spec), "--termination-log", TERMINATION_LOG],
-        "env": render.model_env(spec),
-        "resources": policy.probe.resources,
-        "volumeMounts": mounts,
-        "securityContext": render.container_security_context(),
-        "terminationMessagePath": TERMINATION_LOG,
-        # When the probe dies before writing its JSON, the log tail is the best explanation there is.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if (pull := render.pull_policy_of(spec, policy)) is not None:
-        container["imagePullPolicy"] = pull
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "securityContext": render.pod_security_context(),
-        "containers": [container],
-        "volumes": volumes,
-        **placement(spec),
-    }
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
-    meta: dict[str, Any] = {"name": job_name(hash_), "namespace": owner.namespace, "labels": labels}
-    if owner.uid:
-        meta["ownerReferences"] = [owner.reference(controller=False)]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": meta,
-        "spec": {
-            "backoffLimit": policy.probe.backoff_limit,
-            "activeDeadlineSeconds": spec.probe.timeout_seconds or policy.probe.timeout_seconds,
-            "ttlSecondsAfterFinished": policy.probe.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    return jobs.render_answering_job(
+        owner,
+        spec,
+        policy,
+        name=job_name(hash_),
+        labels=labels,
+        container_name="probe",
+        command=["mmprep-runtime", "probe", *render.model_args(spec), "--termination-log", TERMINATION_LOG],
+        resources=policy.probe.resources,
+        placement=placement(spec),
+        backoff_limit=policy.probe.backoff_limit,
+        deadline_seconds=spec.probe.timeout_seconds or policy.probe.timeout_seconds,
+        ttl_seconds=policy.probe.ttl_seconds_after_finished,
+    )
 
 
 def placement(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:

@@ -17,9 +17,8 @@ import binascii
 import dataclasses
 from typing import Any, Final, Mapping
 
-import orjson
 
-from mmprep_runtime import errors
+from mmprep_runtime import errors, pipeline
 
 ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
 
@@ -94,12 +93,7 @@ class RenderRequest:
 
 
 def _object(body: bytes) -> dict[str, Any]:
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise errors.BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise errors.BadRequest(f"body must be a JSON object, got {type(payload).__name__}")
+    payload = pipeline.json_object(body)
     unsupported = sorted(key for key in payload if key in _UNSUPPORTED_FIELDS and payload[key] not in (None, False))
     if unsupported:
         raise errors.BadRequest(f"field(s) {', '.join(unsupported)} are not supported by this render server")

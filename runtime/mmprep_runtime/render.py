@@ -27,7 +27,7 @@ from typing import Any, Final, Mapping
 
 import orjson
 
-from mmprep_runtime import decoding, errors, fetching, openai_chat, vllm_format
+from mmprep_runtime import decoding, errors, fetching, openai_chat, pipeline, vllm_format
 from mmprep_runtime.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits, RenderSettings
 
@@ -233,13 +233,7 @@ def render(processor: Any, request: openai_chat.RenderRequest, facts: ProcessorF
     for source in request.images:
         assert source.data is not None, "fetched before processing"
         image, identity = decode_image(source.data, source.what, limits, facts.image_layout)
-        width, height = decoding.image_size(image)
-        total_pixels += width * height
-        if total_pixels > limits.max_request_pixels:
-            raise errors.MediaTooLarge(
-                f"the images up to {source.what} have {total_pixels} pixels together, over the request limit of "
-                f"{limits.max_request_pixels}"
-            )
+        total_pixels = pipeline.count_request_pixels(total_pixels, image, source.what, limits)
         images.append(image)
         encoded.append(identity)
     text = _prompt_text(processor, request)
