@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from mmprep_runtime.contract import ProbeAnswer
 from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS, Backend, Device
 
 GROUP: Final = "mmprep.dev"
@@ -369,39 +370,9 @@ class Condition(_Model):
     observed_generation: int | None = Field(None, description="The generation this condition was computed for.")
 
 
-def _snake_or_camel(snake: str) -> Any:
-    # camelCase first: the schema shows the first choice, and status is camelCase on the wire.
-    return AliasChoices(to_camel(snake), snake)
-
-
-class ProbeResult(_Model):
-    """What the runtime probe answered (its JSON, with camelCase keys)."""
-
-    cloneable: bool = Field(description="Whether the processor survives copy.deepcopy.")
-    error: str | None = Field(None, description="Why it is not cloneable, or why the model did not load.")
-    processor_class: str | None = Field(None, validation_alias=_snake_or_camel("processor_class"), description="Processor class.")
-    image_processor_class: str | None = Field(
-        None, validation_alias=_snake_or_camel("image_processor_class"), description="Image processor class."
-    )
-    fast_image_processor: bool = Field(
-        False, validation_alias=_snake_or_camel("fast_image_processor"), description="Whether a fast (torchvision) image processor loaded."
-    )
-    declared_workers: int | None = Field(
-        None, validation_alias=_snake_or_camel("declared_workers"), description="Worker count the model declares it measured."
-    )
-    thread_safe: bool = Field(
-        True, validation_alias=_snake_or_camel("thread_safe"), description="False when the model declares its processor not thread-safe."
-    )
-    declared_io_workers: int | None = Field(
-        None, validation_alias=_snake_or_camel("declared_io_workers"), description="IO worker count the model declares."
-    )
-    clone_seconds: float | None = Field(
-        None, validation_alias=_snake_or_camel("clone_seconds"), description="Time one deepcopy took."
-    )
-    path_if_gpu: str | None = Field(
-        None, validation_alias=_snake_or_camel("path_if_gpu"), description="The path the processor takes when given a GPU."
-    )
-    versions: dict[str, str] = Field(default_factory=dict, description="Library versions in the runtime image.")
+class ProbeResult(_Model, ProbeAnswer):
+    """What the runtime probe answered: its answer's fields (``mmprep_runtime.contract``), under
+    camelCase names as everything in the API."""
 
 
 ProbeState = Literal["Pending", "Running", "Succeeded", "Failed"]

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS
+
 from mmprep_operator import __version__
 from mmprep_operator.api import Platform, Quantity, WorkerOverride
 
@@ -50,7 +52,7 @@ class CalibrationDefaults(_Strict):
     # and a 5% difference is within what two runs on a shared node can differ by.
     tolerance: float = Field(0.05, ge=0, lt=1)
     # More workers than this are never measured, whatever the pod's CPU limit.
-    max_workers: int = Field(8, alias="maxWorkers", ge=1, le=64)
+    max_workers: int = Field(8, alias="maxWorkers", ge=MIN_WORKERS, le=MAX_WORKERS)
     # Per worker count: 3 interleaved rounds of 4 s each measure 1..4 workers in about a minute.
     seconds_per_count: float = Field(12.0, alias="secondsPerCount", gt=0, le=600)
     image_sizes: list[str] = Field(

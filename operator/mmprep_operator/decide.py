@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS, Device, Path, WorkerDecision, decide_path, decide_workers
+from mmprep_runtime.policy import Device, Path, WorkerDecision, decide_path, decide_workers, is_worker_count, Reason
 
 from mmprep_operator.api import MultimodalPreprocessorSpec, ProbeResult, WorkerOverride
 from mmprep_operator.pools import Pool
@@ -71,7 +71,7 @@ def gpu_available(spec: MultimodalPreprocessorSpec, pool: Pool) -> bool:
 
 def _usable_declared(declared: int | None) -> int | None:
     # A model config can say anything; a number outside the bounds is ignored rather than fatal.
-    return declared if declared is not None and MIN_WORKERS <= declared <= MAX_WORKERS else None
+    return declared if is_worker_count(declared) else None
 
 
 def decide_pool(
@@ -101,24 +101,14 @@ def decide_pool(
         thread_safe=probe.thread_safe,
         declared_io=_usable_declared(probe.declared_io_workers),
     )
-    source = match[1] if match and decision.reason.value == "Override" else None
+    source = match[1] if match and decision.reason is Reason.OVERRIDE else None
     return PoolDecision(pool, decision, source)
 
 
 def sentence(d: PoolDecision) -> str:
     """The decision in one line, for status and Events, e.g.
     "pool nvidia-h200: gpu path, 1 worker, GPUPathCap: the model declares 2, capped because ..."."""
-    w = d.decision
-    plural = "" if w.processor_workers == 1 else "s"
-    head = f"pool {d.pool.name}: {w.path.value} path, {w.processor_workers} worker{plural}, {w.reason.value}"
-    # The policy's message restates path and count first ("gpu path: 1 worker; ..."); they are
-    # already in the head, so only the explanation follows.
-    detail = w.message
-    for prefix in (f"{w.path.value} path: {w.processor_workers} worker{plural}", f"{w.path.value} path: "):
-        if detail.startswith(prefix):
-            detail = detail[len(prefix) :].lstrip("; ")
-            break
-    text = f"{head}: {detail}" if detail else head
+    text = f"pool {d.pool.name}: {d.decision.describe()}"
     if d.override_source:
         text += f" ({d.override_source})"
     return text

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from pydantic import ValidationError
+from mmprep_runtime.contract import ContractError, ProbeAnswer
 
 from mmprep_operator import api, jobs, naming, render
 from mmprep_operator.config import OperatorPolicy
@@ -103,17 +103,8 @@ class ProbeOutcome:
 
 
 def parse_result(message: str) -> api.ProbeResult:
-    """The probe's JSON (snake_case keys, as the runtime writes it). Raises ValueError."""
-    try:
-        data = json.loads(message)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"probe output is not JSON: {e.msg}") from e
-    if not isinstance(data, dict):
-        raise ValueError("probe output is not a JSON object")
-    try:
-        return api.ProbeResult.model_validate(data)
-    except ValidationError as e:
-        raise ValueError(f"probe output has unexpected fields: {e.errors()[0]['msg']}") from e
+    """The probe's answer from its termination message. Raises ``ContractError``."""
+    return api.ProbeResult.model_validate(ProbeAnswer.from_message(message).model_dump())
 
 
 def _failure_detail(messages: Sequence[str]) -> str:
@@ -139,7 +130,7 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
             return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message="the probe pod left no termination message")
         try:
             return ProbeOutcome("Succeeded", result=parse_result(messages[0]))
-        except ValueError as e:
+        except ContractError as e:
             return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message=f"{e}: {jobs.tail(messages[0])}")
     if failed is not None:
         detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))

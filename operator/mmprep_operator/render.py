@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.policy import Path
+from mmprep_runtime.contract import PoolDecisionEnv
 
 from mmprep_operator import api, naming
 from mmprep_operator.config import OperatorPolicy
@@ -196,14 +196,8 @@ def _placement(spec: api.MultimodalPreprocessorSpec, pool: Pool) -> dict[str, An
 
 def decision_env(spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> list[dict[str, Any]]:
     w = d.decision
-    env = [
-        {"name": "MMPREP_PROCESSOR_WORKERS", "value": str(w.processor_workers)},
-        {"name": "MMPREP_IO_WORKERS", "value": str(w.io_workers)},
-        {"name": "MMPREP_DEVICE", "value": "cuda" if w.path is Path.GPU else "cpu"},
-        {"name": "MMPREP_POOL", "value": d.pool.name},
-        {"name": "MMPREP_DECISION_REASON", "value": w.reason.value},
-    ]
-    return env
+    carried = PoolDecisionEnv(d.pool.name, w.path, w.processor_workers, w.io_workers, w.reason)
+    return carried.to_env()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS
+from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS, is_worker_count
 
 DEFAULT_TOLERANCE: Final = 0.05
 #: Kubernetes keeps at most 4096 bytes of a termination message.
@@ -69,7 +69,7 @@ def choose(curve: Sequence[CurvePoint], tolerance: float = DEFAULT_TOLERANCE) ->
     counts = [p.workers for p in curve]
     if len(set(counts)) != len(counts):
         raise CalibrationError(f"the curve measures a worker count twice: {sorted(counts)}")
-    if any(not MIN_WORKERS <= c <= MAX_WORKERS for c in counts):
+    if not all(is_worker_count(c) for c in counts):
         raise CalibrationError(f"worker counts must be between {MIN_WORKERS} and {MAX_WORKERS}: {sorted(counts)}")
     usable = [p for p in curve if math.isfinite(p.req_per_s) and p.req_per_s > 0]
     if not usable:
@@ -153,7 +153,7 @@ def parse_report(text: str) -> Report:
             )
         )
     chosen = data.get("chosen")
-    if chosen is not None and (isinstance(chosen, bool) or not isinstance(chosen, int) or not MIN_WORKERS <= chosen <= MAX_WORKERS):
+    if chosen is not None and not is_worker_count(chosen):
         raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
     error = data.get("error")
     if error is None and chosen is None:

@@ -11,21 +11,16 @@ import os
 import sys
 from typing import Sequence
 
-from mmprep_runtime import policy
+from mmprep_runtime import contract, policy
 
 EXIT_USAGE = 2
 
 
-def _positive_int(text: str) -> int:
+def _worker_count(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not policy.MIN_WORKERS <= value <= policy.MAX_WORKERS:
-        raise argparse.ArgumentTypeError(
-            f"expected {policy.MIN_WORKERS}..{policy.MAX_WORKERS}, got {value}"
-        )
-    return value
+        return contract.parse_worker_count("the count", text)
+    except contract.ContractError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(serve)
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--processor-workers", type=_positive_int, default=None,
+    serve.add_argument("--processor-workers", type=_worker_count, default=None,
                        help="processor worker threads (overrides env MMPREP_PROCESSOR_WORKERS)")
-    serve.add_argument("--io-workers", type=_positive_int, default=None,
+    serve.add_argument("--io-workers", type=_worker_count, default=None,
                        help="decode threads (overrides env MMPREP_IO_WORKERS)")
-    serve.add_argument("--intra-op-threads", type=_positive_int, default=None,
+    serve.add_argument("--intra-op-threads", type=_worker_count, default=None,
                        help="torch threads per worker (default: usable CPUs / workers)")
     serve.add_argument("--queue-size", type=int, default=None, help="requests waiting beyond the workers before 429")
     serve.add_argument("--deadline", type=float, default=None, help="per-request deadline in seconds (504 after)")
@@ -95,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=3,
                        help="interleaved rounds the duration is split into (fair under changing load)")
     bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
-    bench.add_argument("--intra-op-threads", type=_positive_int, default=None,
+    bench.add_argument("--intra-op-threads", type=_worker_count, default=None,
                        help="torch threads per worker (default: usable CPUs / workers, as serve does)")
     bench.add_argument("--decode", action="store_true", help="decode the JPEG in every job (end-to-end CPU cost)")
     bench.add_argument("--api", choices=["none", "preprocess", "vllm-render"], default="none",
@@ -106,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser("calibrate", help="measure worker counts 1..N here and choose one (operator Jobs)")
     _add_model_arguments(calibrate)
-    calibrate.add_argument("--max-workers", type=_positive_int, default=8,
+    calibrate.add_argument("--max-workers", type=_worker_count, default=8,
                            help="largest worker count to measure (also capped by the CPUs this process may use)")
     calibrate.add_argument("--image", default="1280x960",
                            help="comma-separated synthetic image sizes WxH, rotated through (default 1280x960)")
@@ -125,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
     make.add_argument("--backend", choices=["torchvision", "pil"], default="torchvision",
                       help="image processor class written into the folder")
-    make.add_argument("--declared-io-workers", type=_positive_int, default=None,
+    make.add_argument("--declared-io-workers", type=_worker_count, default=None,
                       help="write mmprep.json declaring this IO (decode) worker count")
     make.add_argument("--not-thread-safe", dest="thread_safe", action="store_false",
                       help="write mmprep.json declaring the processor not thread-safe (1 worker)")
-    make.add_argument("--declared-workers", type=_positive_int, default=None,
+    make.add_argument("--declared-workers", type=_worker_count, default=None,
                       help="write mmprep.json declaring this processor worker count")
     return parser
 

@@ -57,13 +57,10 @@ def _count(data: Mapping[str, object], key: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DeclarationError(f"{SIDECAR_NAME}: {key} must be an integer, got {value!r}")
-    if not policy.MIN_WORKERS <= value <= policy.MAX_WORKERS:
-        raise DeclarationError(
-            f"{SIDECAR_NAME}: {key} must be between {policy.MIN_WORKERS} and {policy.MAX_WORKERS}, got {value}"
-        )
-    return value
+    try:
+        return policy.check_worker_count(f"{SIDECAR_NAME}: {key}", value)
+    except policy.WorkerCountError as exc:
+        raise DeclarationError(str(exc)) from None
 
 
 def read_sidecar(model_dir: pathlib.Path | str) -> Declaration | None:

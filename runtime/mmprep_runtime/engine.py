@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Literal
 
-from mmprep_runtime import cpus, cuda, executor, loading, pipeline, policy, versions
+from mmprep_runtime import contract, cpus, cuda, executor, loading, pipeline, policy, versions
 
 logger = logging.getLogger(__name__)
 
@@ -77,19 +77,23 @@ class Engine:
     cuda: dict[str, Any] | None = None
     #: The loaded processor the workers clone; read-only here (chat template, token ids, config).
     processor: Any = None
+    #: The operator's pool this pod serves (``contract.ENV_POOL``); None when started by hand.
+    pool_name: str | None = None
 
     def info(self) -> dict[str, Any]:
         facts = self.facts
         return {
             "model": facts.model,
             **facts.reported(),
+            "pool": self.pool_name,
             "path": self.decision.path.value,
             "device": self.device,
             "workers": {
                 "processor": self.decision.processor_workers,
                 "io": self.decision.io_workers,
                 "reason": self.decision.reason.value,
-                "message": self.decision.message,
+                "detail": self.decision.detail,
+                "message": self.decision.describe(),
                 "explicit_not_honoured": self.decision.explicit_not_honoured,
                 # A worker whose clone failed after start-up retires; the others keep serving.
                 "live": self.pool.live_workers,
@@ -188,6 +192,21 @@ def should_decode_on_worker(path: policy.Path, processor_workers: int, usable_cp
     return path is policy.Path.CPU and processor_workers >= usable_cpus
 
 
+def adopt_operator_reason(decision: policy.WorkerDecision, operator: contract.PoolDecisionEnv) -> policy.WorkerDecision:
+    """The runtime's decision, reported with the operator's reason when it kept the operator's count.
+
+    The operator's count reaches the runtime as an explicit number, which the runtime's own rule
+    would call ``Explicit``; the pod would then contradict the resource's status (``GPUPathCap``,
+    ``Measured``, ...). A count the runtime had to lower (NotCloneable, NotThreadSafe) or a flag
+    that differs from the operator's count keeps the runtime's own reason: it is what this pod does.
+    """
+    if decision.reason is not policy.Reason.EXPLICIT or decision.processor_workers != operator.processor_workers:
+        return decision
+    return dataclasses.replace(
+        decision, reason=operator.reason, detail=f"the operator's decision for pool {operator.pool}"
+    )
+
+
 def start_engine(
     model: loading.ModelSettings,
     *,
@@ -196,6 +215,7 @@ def start_engine(
     intra_op_threads: int | None = None,
     observer: executor.PoolObserver | None = None,
     decode_on_worker: bool | None = None,
+    operator_decision: contract.PoolDecisionEnv | None = None,
     warm: bool = True,
     warm_timeout: float | None = 600.0,
 ) -> Engine:
@@ -225,12 +245,14 @@ def start_engine(
         declared_io=facts.declared_io_workers,
         cloneable_error=probe.error,
     )
+    if operator_decision is not None:
+        decision = adopt_operator_reason(decision, operator_decision)
     if decision.explicit_not_honoured is not None:
-        logger.warning("workers: %s", decision.message)
+        logger.warning("workers: %s", decision.describe())
     elif not probe.cloneable:
-        logger.warning("workers: falling back to one worker: %s", decision.message)
+        logger.warning("workers: falling back to one worker: %s", decision.describe())
     else:
-        logger.info("workers: %s (%s)", decision.message, decision.reason.value)
+        logger.info("workers: %s", decision.describe())
     usable = cpus.usable_cpus()
     threads = intra_op_threads or cpus.intra_op_threads(decision.processor_workers, usable)
     _set_torch_threads(threads)
@@ -244,7 +266,10 @@ def start_engine(
     io_pool = concurrent.futures.ThreadPoolExecutor(decision.io_workers, thread_name_prefix="mmprep-io")
     if decode_on_worker is None:
         decode_on_worker = should_decode_on_worker(path, decision.processor_workers, usable)
-    engine = Engine(facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker, processor=processor)
+    engine = Engine(
+        facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker, processor=processor,
+        pool_name=operator_decision.pool if operator_decision is not None else None,
+    )
     if warm:
         pool.warm(warm_timeout)
         if device != "cpu":

@@ -130,6 +130,7 @@ class Metrics:
         self.info.info(
             {
                 "model": str(info["model"]),
+                "pool": str(info.get("pool") or ""),
                 "processor_class": str(info["processor_class"]),
                 "path": str(info["path"]),
                 "reason": str(workers["reason"]),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Final
+from typing import Final, TypeGuard
 
 
 class Path(str, enum.Enum):
@@ -84,15 +84,44 @@ def decide_path(
     return Path.CPU
 
 
+class WorkerCountError(ValueError):
+    pass
+
+
+def is_worker_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and MIN_WORKERS <= value <= MAX_WORKERS
+
+
+def check_worker_count(name: str, value: object) -> int:
+    """The one bounds check of a worker count (processor or IO), wherever it comes from: flag,
+    env, the model's declaration, a calibration report, an override. Raises WorkerCountError
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkerCountError(f"{name} must be an integer, got {value!r}")
+    if not is_worker_count(value):
+        raise WorkerCountError(f"{name} must be between {MIN_WORKERS} and {MAX_WORKERS}, got {value}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerDecision:
+    """The decision as fields; ``describe`` is the one place they become a sentence."""
+
     path: Path
     processor_workers: int
     io_workers: int
     reason: Reason
-    message: str
+    #: Why this rule gave this count, without restating path or count, e.g. "the model declares 2,
+    #: capped because a second worker contends for the device"; "" when the reason says it all.
+    detail: str
     #: An explicit count that could not be honoured (only cloneability does that), else None.
     explicit_not_honoured: int | None = None
+
+    def describe(self) -> str:
+        """E.g. "gpu path, 1 worker, GPUPathCap: the model declares 2, capped because ..."."""
+        plural = "" if self.processor_workers == 1 else "s"
+        head = f"{self.path.value} path, {self.processor_workers} worker{plural}, {self.reason.value}"
+        return f"{head}: {self.detail}" if self.detail else head
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -100,19 +129,13 @@ class WorkerDecision:
             "processorWorkers": self.processor_workers,
             "ioWorkers": self.io_workers,
             "reason": self.reason.value,
-            "message": self.message,
+            "detail": self.detail,
             "explicitNotHonoured": self.explicit_not_honoured,
         }
 
 
-def _check_count(name: str, value: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if not MIN_WORKERS <= value <= MAX_WORKERS:
-        raise ValueError(f"{name} must be between {MIN_WORKERS} and {MAX_WORKERS}, got {value}")
-    return value
+def _optional_count(name: str, value: int | None) -> int | None:
+    return None if value is None else check_worker_count(name, value)
 
 
 def decide_workers(
@@ -142,18 +165,18 @@ def decide_workers(
     enriches the message of the NotCloneable case.
     """
     path = Path(path)
-    explicit = _check_count("explicit processor workers", explicit)
-    override = _check_count("override processor workers", override)
-    declared = _check_count("declared processor workers", declared)
-    measured = _check_count("measured processor workers", measured)
+    explicit = _optional_count("explicit processor workers", explicit)
+    override = _optional_count("override processor workers", override)
+    declared = _optional_count("declared processor workers", declared)
+    measured = _optional_count("measured processor workers", measured)
     io_workers = (
-        _check_count("explicit io workers", explicit_io)
-        or _check_count("declared io workers", declared_io)
+        _optional_count("explicit io workers", explicit_io)
+        or _optional_count("declared io workers", declared_io)
         or DEFAULT_IO_WORKERS
     )
 
-    def made(workers: int, reason: Reason, message: str, not_honoured: int | None = None) -> WorkerDecision:
-        return WorkerDecision(path, workers, io_workers, reason, message, not_honoured)
+    def made(workers: int, reason: Reason, detail: str, not_honoured: int | None = None) -> WorkerDecision:
+        return WorkerDecision(path, workers, io_workers, reason, detail, not_honoured)
 
     if not cloneable:
         why = f" ({cloneable_error})" if cloneable_error else ""
@@ -162,37 +185,33 @@ def decide_workers(
                 1,
                 Reason.NOT_CLONEABLE,
                 f"the processor cannot be deep-copied{why}; {explicit} workers were asked for, "
-                "but threads cannot share one processor, so 1 worker serves",
+                "but threads cannot share one processor",
                 explicit,
             )
-        return made(1, Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}; 1 worker")
+        return made(1, Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}")
     if not thread_safe:
         if explicit is not None and explicit > 1:
             return made(
                 1,
                 Reason.NOT_THREAD_SAFE,
                 f"the model declares its processor not thread-safe; {explicit} workers were asked for, "
-                "but its copies must not run concurrently, so 1 worker serves",
+                "but its copies must not run concurrently",
                 explicit,
             )
-        return made(1, Reason.NOT_THREAD_SAFE, "the model declares its processor not thread-safe; 1 worker")
+        return made(1, Reason.NOT_THREAD_SAFE, "the model declares its processor not thread-safe")
     if explicit is not None:
-        return made(explicit, Reason.EXPLICIT, f"{explicit} worker(s) asked for explicitly")
+        return made(explicit, Reason.EXPLICIT, "asked for explicitly")
     if override is not None:
-        return made(override, Reason.OVERRIDE, f"{override} worker(s) from a per-GPU override")
+        return made(override, Reason.OVERRIDE, "from a per-GPU override")
     if measured is not None:
-        return made(measured, Reason.MEASURED, f"{path.value} path: the count a calibration run measured best on this pool's hardware")
+        return made(measured, Reason.MEASURED, "the count a calibration run measured best on this pool's hardware")
     if path is Path.GPU:
         declared_note = (
-            f"; the model declares {declared}, capped because a second worker contends for the device"
+            f"the model declares {declared}, capped because a second worker contends for the device"
             if declared is not None and declared != GPU_PATH_WORKERS
             else ""
         )
-        return made(GPU_PATH_WORKERS, Reason.GPU_PATH_CAP, f"gpu path: {GPU_PATH_WORKERS} worker{declared_note}")
+        return made(GPU_PATH_WORKERS, Reason.GPU_PATH_CAP, declared_note)
     if declared is not None:
-        return made(declared, Reason.MODEL_DECLARED, f"cpu path: the model declares {declared} worker(s)")
-    return made(
-        CPU_PATH_DEFAULT_WORKERS,
-        Reason.CPU_PATH_DEFAULT,
-        f"cpu path: default of {CPU_PATH_DEFAULT_WORKERS} workers",
-    )
+        return made(declared, Reason.MODEL_DECLARED, f"the model declares {declared} worker(s)")
+    return made(CPU_PATH_DEFAULT_WORKERS, Reason.CPU_PATH_DEFAULT, "the CPU path's default")

@@ -1,9 +1,7 @@
 """``mmprep-runtime probe``: what is this processor, can it be cloned, which path would it take.
 
-The operator runs this as a Job and parses the JSON from the pod's termination message, so the
-answer is one JSON object under 4 KiB (Kubernetes truncates termination messages at 4096 bytes),
-with these keys at least: ``cloneable``, ``error``, ``processor_class``, ``image_processor_class``,
-``fast_image_processor``, ``declared_workers``, ``clone_seconds``, ``path_if_gpu``, ``versions``.
+The operator runs this as a Job and reads the answer from the pod's termination message: one
+``contract.ProbeAnswer``, as JSON under 4 KiB (Kubernetes truncates termination messages there).
 
 Exit status: 0 when it could answer (cloneable or not); 1 when the processor cannot be loaded
 (the JSON then has ``error`` set and a message goes to stderr); 2 on usage errors.
@@ -12,16 +10,15 @@ Exit status: 0 when it could answer (cloneable or not); 1 when the processor can
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
-from typing import Any, Final
+from typing import Final
 
 from mmprep_runtime import executor, loading, versions
+from mmprep_runtime.contract import ProbeAnswer
 from mmprep_runtime.settings import SettingsError, model_settings_from_args
 
-MAX_BYTES: Final = 4096
 _MAX_ERROR_CHARS: Final = 1500
 EXIT_LOAD_FAILED: Final = 1
 EXIT_USAGE: Final = 2
@@ -33,45 +30,30 @@ def _short(text: str | None) -> str | None:
     return text[: _MAX_ERROR_CHARS - 3] + "..."
 
 
-def probe(settings: loading.ModelSettings) -> dict[str, Any]:
+def probe(settings: loading.ModelSettings) -> ProbeAnswer:
     """The probe's answer. Raises ``ModelLoadError`` when the processor cannot be loaded."""
     processor, facts = loading.load_processor(settings)
     clone = executor.probe_clone(lambda: processor)
-    path_if_gpu = facts.path(gpu_available=True, device=settings.device)
-    return {
-        "model": settings.model,
-        "cloneable": clone.cloneable,
-        "error": _short(clone.error),
-        **facts.reported(),
-        "clone_seconds": round(clone.seconds, 6),
-        "path_if_gpu": path_if_gpu.value,
-        "versions": versions.versions(),
-    }
+    return ProbeAnswer.model_validate(
+        {
+            **facts.reported(),
+            "model": settings.model,
+            "cloneable": clone.cloneable,
+            "error": _short(clone.error),
+            "clone_seconds": round(clone.seconds, 6),
+            "path_if_gpu": facts.path(gpu_available=True, device=settings.device),
+            "versions": _installed_versions(),
+        }
+    )
 
 
-def failure(model: str, message: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "cloneable": False,
-        "error": _short(message),
-        "processor_class": None,
-        "image_processor_class": None,
-        "fast_image_processor": False,
-        "declared_workers": None,
-        "clone_seconds": None,
-        "path_if_gpu": None,
-        "versions": versions.versions(),
-    }
+def failure(model: str, message: str) -> ProbeAnswer:
+    return ProbeAnswer(model=model, cloneable=False, error=_short(message), versions=_installed_versions())
 
 
-def render(answer: dict[str, Any]) -> str:
-    text = json.dumps(answer, separators=(",", ":"), sort_keys=True)
-    if len(text.encode()) > MAX_BYTES:  # only a pathological model name could do this
-        error = answer.get("error")
-        short_error = None if error is None else str(error)[:500]
-        answer = {**answer, "model": str(answer.get("model"))[:200], "error": short_error}
-        text = json.dumps(answer, separators=(",", ":"), sort_keys=True)
-    return text
+def _installed_versions() -> dict[str, str]:
+    # A library missing from the image has no version to report; the status schema has no nulls.
+    return {name: version for name, version in versions.versions().items() if version is not None}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -87,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"mmprep-runtime probe: {exc}", file=sys.stderr)
         answer = failure(settings.model, str(exc))
         code = EXIT_LOAD_FAILED
-    text = render(answer)
+    text = answer.to_message()
     print(text)
     if args.termination_log:
         try:

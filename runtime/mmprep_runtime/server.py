@@ -334,6 +334,7 @@ async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
             io_workers=settings.io_workers,
             intra_op_threads=settings.intra_op_threads,
             observer=state.metrics,
+            operator_decision=settings.operator_decision,
         )
     except Exception as exc:  # noqa: BLE001 - reported by /healthz and by serve's exit status
         logger.error("the processor could not be started: %s", exc)

@@ -1,7 +1,8 @@
 """Server settings: grouped, typed, with the reasons for each default.
 
 Precedence for worker counts and device: command-line flag, then environment (what the operator
-writes into the Deployment), then the runtime's own decision (``policy.decide_workers``). Nothing
+writes into the Deployment, ``contract.PoolDecisionEnv``), then the runtime's own decision
+(``policy.decide_workers``). Nothing
 here is read at import time; ``from_args`` takes the environment as an argument so tests pass
 their own.
 """
@@ -11,17 +12,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
-from typing import Final, Mapping
+from typing import Mapping
 
 from mmprep_runtime import policy
+from mmprep_runtime.contract import (
+    ENV_DEVICE,
+    ENV_FAST_PATHS,
+    ENV_FETCH_ALLOWED_NETWORKS,
+    ENV_IO_WORKERS,
+    ENV_NORMALIZED_PIXELS,
+    ENV_PROCESSOR_WORKERS,
+    ContractError,
+    PoolDecisionEnv,
+    parse_worker_count,
+)
 from mmprep_runtime.loading import ModelSettings
-
-ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
-ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
-ENV_DEVICE: Final = "MMPREP_DEVICE"
-ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
-ENV_NORMALIZED_PIXELS: Final = "MMPREP_NORMALIZED_PIXELS"
-ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
 
 
 class SettingsError(ValueError):
@@ -103,6 +108,8 @@ class ServeSettings:
     #: Explicit counts (flag or env); None lets the runtime decide.
     processor_workers: int | None = None
     io_workers: int | None = None
+    #: The pool's decision when the operator started this pod (its env), reported by /v1/info.
+    operator_decision: PoolDecisionEnv | None = None
     #: torch intra-op threads per worker; None = usable CPUs // processor workers.
     intra_op_threads: int | None = None
     limits: Limits = Limits()
@@ -115,12 +122,16 @@ def _env_count(environ: Mapping[str, str], name: str) -> int | None:
     if not text:
         return None
     try:
-        value = int(text)
-    except ValueError:
-        raise SettingsError(f"{name} must be an integer, got {text!r}") from None
-    if not policy.MIN_WORKERS <= value <= policy.MAX_WORKERS:
-        raise SettingsError(f"{name} must be between {policy.MIN_WORKERS} and {policy.MAX_WORKERS}, got {value}")
-    return value
+        return parse_worker_count(name, text)
+    except ContractError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _operator_decision(environ: Mapping[str, str]) -> PoolDecisionEnv | None:
+    try:
+        return PoolDecisionEnv.from_environ(environ)
+    except ContractError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _env_device(environ: Mapping[str, str]) -> policy.Device | None:
@@ -186,6 +197,7 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         processor_workers=args.processor_workers if args.processor_workers is not None
         else _env_count(environ, ENV_PROCESSOR_WORKERS),
         io_workers=args.io_workers if args.io_workers is not None else _env_count(environ, ENV_IO_WORKERS),
+        operator_decision=_operator_decision(environ),
         intra_op_threads=args.intra_op_threads,
         limits=limits,
         load=load,

@@ -50,7 +50,7 @@ def test_not_cloneable_caps_even_an_explicit_count_and_says_so():
     assert decision.processor_workers == 1
     assert decision.reason is Reason.NOT_CLONEABLE
     assert decision.explicit_not_honoured == 8
-    assert "8 workers were asked for" in decision.message and "cannot pickle" in decision.message
+    assert "8 workers were asked for" in decision.detail and "cannot pickle" in decision.detail
 
 
 def test_override_beats_path_but_not_explicit():
@@ -60,7 +60,7 @@ def test_override_beats_path_but_not_explicit():
 
 
 def test_gpu_cap_message_names_the_declared_number():
-    assert "declares 2" in decide_workers(path=Path.GPU, cloneable=True, declared=2).message
+    assert "declares 2" in decide_workers(path=Path.GPU, cloneable=True, declared=2).detail
 
 
 def test_explicit_io_workers_replace_the_default():

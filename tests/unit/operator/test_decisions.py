@@ -119,6 +119,6 @@ def test_decision_sentence_names_pool_path_workers_reason_and_why_once() -> None
     assert decide.sentence(d) == "pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap"
     spec = make_spec()
     d = decide.decide_pool(spec, probe_result(), pool_of(None, 0, spec), [])
-    assert decide.sentence(d) == "pool cpu: cpu path, 2 workers, CPUPathDefault: default of 2 workers"
+    assert decide.sentence(d) == "pool cpu: cpu path, 2 workers, CPUPathDefault: the CPU path's default"
     d = decide.decide_pool(gpu_spec(), probe_result(), pool_of(GB300), [o(gpuFamily="blackwell", processor=2)])
-    assert decide.sentence(d).endswith("Override: 2 worker(s) from a per-GPU override (policy: gpuFamily=blackwell)")
+    assert decide.sentence(d).endswith("2 workers, Override: from a per-GPU override (policy: gpuFamily=blackwell)")

@@ -124,7 +124,7 @@ def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_runtime_accepts_the_rendered_commands_and_env(case: str) -> None:
     """Contract with ``mmprep-runtime``: its own parser takes every command the operator renders,
-    and its settings read the env names the operator sets."""
+    and its settings read back the pool's decision from the env the operator sets."""
     from mmprep_runtime import cli as runtime_cli
     from mmprep_runtime import settings as runtime_settings
 
@@ -138,9 +138,10 @@ def test_the_runtime_accepts_the_rendered_commands_and_env(case: str) -> None:
         assert args.command == ("serve" if obj["kind"] == "Deployment" else "probe")
         if obj["kind"] == "Deployment":
             assert args.port == 8080
-            env = {e["name"] for e in container["env"]}
-            assert {
-                runtime_settings.ENV_PROCESSOR_WORKERS,
-                runtime_settings.ENV_IO_WORKERS,
-                runtime_settings.ENV_DEVICE,
-            } <= env
+            environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+            settings = runtime_settings.serve_settings_from_args(args, environ)
+            decision = settings.operator_decision
+            assert decision is not None, environ
+            assert decision.pool == obj["metadata"]["labels"]["mmprep.dev/pool"]
+            assert settings.processor_workers == decision.processor_workers
+            assert settings.model.device.value == ("cuda" if decision.path.value == "gpu" else "cpu")

@@ -97,9 +97,11 @@ def test_a_deadline_is_a_timeout_and_log_tails_are_cut() -> None:
     assert "within 60s" in (outcome.message or "") and len(outcome.message or "") < 800
 
 
-def test_parse_result_accepts_snake_and_camel_keys_and_rejects_garbage() -> None:
-    assert probe.parse_result('{"cloneable": true, "fastImageProcessor": true}').fast_image_processor is True
-    for bad in ("[]", "{}", "nope"):
+def test_parse_result_reads_the_wire_names_and_rejects_garbage() -> None:
+    result = probe.parse_result('{"cloneable": true, "fast_image_processor": true, "path_if_gpu": "gpu"}')
+    assert (result.fast_image_processor, result.path_if_gpu) == (True, "gpu")
+    assert result.wire()["fastImageProcessor"] is True  # kept in status under the API's names
+    for bad in ("[]", "{}", "nope", '{"cloneable": true, "path_if_gpu": "tpu"}', '{"cloneable": true, "declared_workers": "two"}'):
         try:
             probe.parse_result(bad)
         except ValueError:
@@ -112,7 +114,7 @@ def test_the_runtimes_own_answers_parse() -> None:
     and a recorded success answer (captured from it on a qwen2-vl folder) both parse."""
     from mmprep_runtime import probe as runtime_probe
 
-    failed = runtime_probe.render(runtime_probe.failure("/models/m", "model folder '/models/m' does not exist"))
+    failed = runtime_probe.failure("/models/m", "model folder '/models/m' does not exist").to_message()
     outcome = probe.read_outcome(job(("Failed", "BackoffLimitExceeded")), [pod("Failed", failed)])
     assert outcome.message == "the model did not load: model folder '/models/m' does not exist"
 

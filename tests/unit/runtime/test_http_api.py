@@ -6,6 +6,7 @@ succeeds: the pool keeps serving.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import dataclasses
@@ -22,12 +23,13 @@ from conftest import guard_original_processor
 from aiohttp import web
 
 from mmprep_runtime import engine as engine_module
-from mmprep_runtime import loading, server, testing_models
+from mmprep_runtime import cli, loading, server, testing_models
+from mmprep_runtime.contract import PoolDecisionEnv
 from mmprep_runtime.testing_media import jpeg as jpeg_bytes
 from mmprep_runtime.testing_media import png as png_bytes
 from mmprep_runtime.testing_media import wav as wav_bytes
-from mmprep_runtime.policy import Backend, Device
-from mmprep_runtime.settings import Limits, Load, ServeSettings
+from mmprep_runtime.policy import Backend, Device, Path, Reason
+from mmprep_runtime.settings import Limits, Load, ServeSettings, serve_settings_from_args
 
 
 TIMEOUT = 60
@@ -64,13 +66,22 @@ class Running:
 Starter = Callable[..., Awaitable[Running]]
 
 
+def _serve_args(folder) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", "--model", str(folder)])
+
+
 @pytest.fixture
 async def start_server() -> AsyncIterator[Starter]:
     runners: list[web.AppRunner] = []
     clients: list[aiohttp.ClientSession] = []
 
     async def start(folder, *, workers: int | None = 1, limits: Limits = Limits(), load: Load = Load(),
-                    trust_remote_code: bool = False, backend: Backend = Backend.AUTO) -> Running:
+                    trust_remote_code: bool = False, backend: Backend = Backend.AUTO,
+                    environ: dict[str, str] | None = None) -> Running:
+        """``environ``: the pod's env as the operator renders it; it replaces ``workers``."""
+        decided = serve_settings_from_args(_serve_args(folder), environ) if environ is not None else None
+        if decided is not None:
+            workers = decided.processor_workers
         settings = ServeSettings(
             model=loading.ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend,
                                         device=Device.CPU),
@@ -80,6 +91,7 @@ async def start_server() -> AsyncIterator[Starter]:
             io_workers=2,
             limits=limits,
             load=load,
+            operator_decision=decided.operator_decision if decided is not None else None,
         )
         app = server.create_app(settings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
@@ -360,6 +372,34 @@ async def test_an_uncloneable_processor_serves_on_one_worker_and_reports_it(star
     async with running.client.get(f"{running.url}/metrics") as response:
         metrics = await response.text()
     assert "mmprep_processor_cloneable 0.0" in metrics and 'reason="NotCloneable"' in metrics
+
+
+def _operator_env(pool: str, workers: int, reason: Reason) -> dict[str, str]:
+    """The env the operator writes into a pool's pods (its own rendering of the decision)."""
+    carried = PoolDecisionEnv(pool, Path.CPU, workers, 2, reason)
+    return {e["name"]: e["value"] for e in carried.to_env()}
+
+
+async def test_the_pod_reports_the_operators_pool_and_reason(start_server, qwen_dir):
+    """A pod the operator started says what the resource's status says: the pool's reason, not
+    ``Explicit`` for the count it was handed."""
+    running = await start_server(qwen_dir, environ=_operator_env("nvidia-h200", 2, Reason.MEASURED))
+    status, info = await running.json("/v1/info")
+    assert status == 200
+    assert info["pool"] == "nvidia-h200"
+    assert (info["workers"]["processor"], info["workers"]["reason"]) == (2, "Measured"), info["workers"]
+    assert "pool nvidia-h200" in info["workers"]["message"]
+    async with running.client.get(f"{running.url}/metrics") as response:
+        metrics = await response.text()
+    assert 'pool="nvidia-h200"' in metrics and 'reason="Measured"' in metrics
+
+
+async def test_a_cap_the_pod_finds_itself_beats_the_operators_reason(start_server, uncloneable_dir):
+    running = await start_server(
+        uncloneable_dir, trust_remote_code=True, environ=_operator_env("cpu", 2, Reason.CPU_PATH_DEFAULT)
+    )
+    status, info = await running.json("/v1/info")
+    assert (info["pool"], info["workers"]["processor"], info["workers"]["reason"]) == ("cpu", 1, "NotCloneable")
 
 
 async def test_a_processor_that_cannot_load_reports_unhealthy(start_server, uncloneable_dir):

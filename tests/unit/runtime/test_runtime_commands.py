@@ -145,9 +145,9 @@ def test_probe_answers_with_the_contract_keys_under_4_kib(qwen_dir, tmp_path, ca
 
 def test_probe_says_path_if_gpu_is_cpu_for_pil_and_audio(model_factory, whisper_dir):
     pil = probe.probe(loading.ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
-    assert (pil["fast_image_processor"], pil["path_if_gpu"]) == (False, "cpu")
+    assert (pil.fast_image_processor, pil.path_if_gpu) == (False, "cpu")
     audio = probe.probe(loading.ModelSettings(str(whisper_dir)))
-    assert (audio["image_processor_class"], audio["path_if_gpu"]) == (None, "cpu")
+    assert (audio.image_processor_class, audio.path_if_gpu) == (None, "cpu")
 
 
 def test_probe_of_an_uncloneable_processor_answers_with_exit_zero(uncloneable_dir, tmp_path, capsys):
@@ -174,7 +174,7 @@ def test_probe_of_a_model_that_cannot_load_exits_non_zero_with_the_error(unclone
 
 def test_a_huge_error_still_fits_the_termination_message():
     answer = probe.failure("m", "x" * 100_000)
-    assert len(probe.render(answer).encode()) < 4096
+    assert len(answer.to_message().encode()) < 4096
 
 
 def test_bench_reports_throughput_latency_and_cpu_per_worker_count(llava_dir, tmp_path, capsys):

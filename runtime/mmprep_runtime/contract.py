@@ -1,0 +1,167 @@
+"""The contract between the operator and the runtime: what one half writes and the other reads.
+
+Two things cross the boundary, and each is defined here once, imported by both halves:
+
+- the pod's environment, in which the operator hands each runtime pod its pool's decision
+  (``PoolDecisionEnv``) and settings (the ``ENV_*`` names);
+- the probe's answer (``ProbeAnswer``), which the runtime writes as JSON into a Job's termination
+  message and the operator reads back and keeps in the resource's status.
+
+Import-light on purpose: the operator image carries neither torch nor transformers, so this module
+needs only the standard library, pydantic and the decision's vocabulary (``policy``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mmprep_runtime.policy import Path, Reason, WorkerCountError, check_worker_count
+
+# ------------------------------------------------------------------------------------ environment
+
+#: The processor worker count the operator decided for the pod's pool (or a person set).
+ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
+ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
+#: ``cpu`` or ``cuda``: where the operator placed the pool's preprocessing.
+ENV_DEVICE: Final = "MMPREP_DEVICE"
+#: The pool the pod belongs to and the rule that decided its worker count (a ``Reason`` value).
+#: Reported back by ``/v1/info`` and the metrics, so a pod says the same as the resource's status.
+ENV_POOL: Final = "MMPREP_POOL"
+ENV_DECISION_REASON: Final = "MMPREP_DECISION_REASON"
+ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
+ENV_NORMALIZED_PIXELS: Final = "MMPREP_NORMALIZED_PIXELS"
+ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
+ENV_CUDA_DEVICE: Final = "MMPREP_CUDA_DEVICE"
+
+
+class ContractError(ValueError):
+    """What the other half wrote does not follow the contract; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolDecisionEnv:
+    """One pool's decision as it travels in the runtime pod's environment."""
+
+    pool: str
+    path: Path
+    processor_workers: int
+    io_workers: int
+    reason: Reason
+
+    def to_env(self) -> list[dict[str, str]]:
+        """The container env entries, in a fixed order (a reordering would roll the pods)."""
+        return [
+            {"name": ENV_PROCESSOR_WORKERS, "value": str(self.processor_workers)},
+            {"name": ENV_IO_WORKERS, "value": str(self.io_workers)},
+            {"name": ENV_DEVICE, "value": "cuda" if self.path is Path.GPU else "cpu"},
+            {"name": ENV_POOL, "value": self.pool},
+            {"name": ENV_DECISION_REASON, "value": self.reason.value},
+        ]
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> PoolDecisionEnv | None:
+        """The operator's decision, or None when the pod was not started by the operator (no pool
+        and no reason: a person running the runtime by hand). Raises ContractError when the
+        operator's variables are present but incomplete or malformed."""
+        pool = environ.get(ENV_POOL, "").strip()
+        reason_text = environ.get(ENV_DECISION_REASON, "").strip()
+        if not pool and not reason_text:
+            return None
+        missing = [
+            name
+            for name in (ENV_POOL, ENV_DECISION_REASON, ENV_PROCESSOR_WORKERS, ENV_IO_WORKERS, ENV_DEVICE)
+            if not environ.get(name, "").strip()
+        ]
+        if missing:
+            raise ContractError(f"the operator's decision is incomplete: {', '.join(missing)} not set")
+        try:
+            reason = Reason(reason_text)
+        except ValueError:
+            known = ", ".join(r.value for r in Reason)
+            raise ContractError(f"{ENV_DECISION_REASON} must be one of {known}; got {reason_text!r}") from None
+        device = environ[ENV_DEVICE].strip().lower()
+        if device not in ("cpu", "cuda"):
+            raise ContractError(f"{ENV_DEVICE} must be cpu or cuda in the operator's decision; got {device!r}")
+        return cls(
+            pool=pool,
+            path=Path.GPU if device == "cuda" else Path.CPU,
+            processor_workers=parse_worker_count(ENV_PROCESSOR_WORKERS, environ[ENV_PROCESSOR_WORKERS]),
+            io_workers=parse_worker_count(ENV_IO_WORKERS, environ[ENV_IO_WORKERS]),
+            reason=reason,
+        )
+
+
+def parse_worker_count(name: str, text: str) -> int:
+    """A worker count written as text (env, flag). Raises ContractError naming ``name``."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ContractError(f"{name} must be an integer, got {text!r}") from None
+    try:
+        return check_worker_count(name, value)
+    except WorkerCountError as exc:
+        raise ContractError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------- probe answer
+
+#: Kubernetes truncates a termination message at 4096 bytes; the answer must fit whole.
+PROBE_ANSWER_MAX_BYTES: Final = 4096
+
+
+class ProbeAnswer(BaseModel):
+    """What the probe found out about a processor, in the runtime image, without serving it.
+
+    Field names are snake_case on the wire (the termination message); the operator's status keeps
+    the same fields under camelCase names (``mmprep_operator.api.ProbeResult`` derives from this).
+    """
+
+    # An operator one version behind must still read a newer runtime's answer.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(None, description="The model the probe loaded (folder or hub id).")
+    cloneable: bool = Field(description="Whether the processor survives copy.deepcopy.")
+    error: str | None = Field(None, description="Why it is not cloneable, or why the model did not load.")
+    processor_class: str | None = Field(None, description="Processor class.")
+    tokenizer_class: str | None = Field(None, description="Tokenizer class.")
+    image_processor_class: str | None = Field(None, description="Image processor class.")
+    fast_image_processor: bool = Field(False, description="Whether a fast (torchvision) image processor loaded.")
+    backend: str | None = Field(None, description="The image processor backend that loaded (pil, torchvision).")
+    feature_extractor_class: str | None = Field(None, description="Audio feature extractor class.")
+    declared_workers: int | None = Field(None, description="Worker count the model declares it measured.")
+    declared_io_workers: int | None = Field(None, description="IO worker count the model declares.")
+    thread_safe: bool = Field(True, description="False when the model declares its processor not thread-safe.")
+    clone_seconds: float | None = Field(None, description="Time one deepcopy took.")
+    path_if_gpu: Path | None = Field(None, description="The path the processor takes when given a GPU.")
+    versions: dict[str, str] = Field(default_factory=dict, description="Library versions in the runtime image.")
+
+    def to_message(self) -> str:
+        """The answer as the termination message: compact JSON that always fits its 4 KiB."""
+        data = self.model_dump(mode="json")
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) > PROBE_ANSWER_MAX_BYTES:  # only a pathological name or error does this
+            data["model"] = None if self.model is None else self.model[:200]
+            data["error"] = None if self.error is None else self.error[:500]
+            text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        return text
+
+    @classmethod
+    def from_message(cls, message: str) -> ProbeAnswer:
+        """Reads a termination message. Raises ContractError saying what is wrong with it."""
+        try:
+            data = json.loads(message)
+        except json.JSONDecodeError as exc:
+            raise ContractError(f"probe output is not JSON: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise ContractError("probe output is not a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ContractError(f"probe output has an unexpected {where or 'value'}: {first['msg']}") from None
