@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[runtime,operator,test]'
+	$(PY) -m pip install -e '.[runtime,operator,test,lint]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Final
 
 
-from mmprep_runtime import cuda, decoding, engine, loading, pipeline, testing_media, versions
+from mmprep_runtime import cpus, cuda, decoding, engine, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = 2
@@ -422,7 +422,7 @@ def run(
         "api": api,
         "duration_s": duration,
         "rounds": rounds,
-        "usable_cpus": engine.cpus.usable_cpus(),
+        "usable_cpus": cpus.usable_cpus(),
         "device": device,  # of the pools and of the direct baseline alike
         "direct": direct,
         "results": results,

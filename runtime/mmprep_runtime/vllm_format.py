@@ -219,7 +219,7 @@ def metadata_item(item: Mapping[str, KwargsElement]) -> dict[str, KwargsElement]
 # ---- placeholders and errors -------------------------------------------------------------------
 
 
-def placeholder_runs(token_ids: Sequence[int], token_id: int) -> list[dict[str, int]]:
+def placeholder_runs(token_ids: Sequence[int] | np.ndarray[Any, Any], token_id: int) -> list[dict[str, int]]:
     """``[{"offset", "length"}]`` of each run of ``token_id`` (one run per image)."""
     ids = np.asarray(token_ids)
     is_token = np.concatenate(([False], ids == token_id, [False]))
