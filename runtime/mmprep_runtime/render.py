@@ -447,7 +447,7 @@ class RenderApi:
     async def fetch(self, request: openai_chat.RenderRequest) -> openai_chat.RenderRequest:
         pending = request.urls
         bodies = await asyncio.gather(*(self.fetcher.fetch(source.url or "", source.what) for _, source in pending))
-        return request.fetched({index: body for (index, _), body in zip(pending, bodies)})
+        return request.fetched({index: body for (index, _), body in zip(pending, bodies, strict=True)})
 
     def process(self, processor: Any, request: openai_chat.RenderRequest) -> Rendered:
         return render(processor, request, self.facts, self.model, self.limits)

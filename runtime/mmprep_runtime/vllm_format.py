@@ -224,7 +224,7 @@ def placeholder_runs(token_ids: Sequence[int] | np.ndarray[Any, Any], token_id: 
     ids = np.asarray(token_ids)
     is_token = np.concatenate(([False], ids == token_id, [False]))
     edges = np.flatnonzero(is_token[1:] != is_token[:-1])
-    return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2])]
+    return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2], strict=True)]
 
 
 _ERROR_TYPES: Final = {400: "BadRequestError", 404: "NotFoundError", 408: "BadRequestError",
