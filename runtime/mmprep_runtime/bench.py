@@ -10,8 +10,9 @@ measured in interleaved rounds, so background load on a shared machine hits them
 Images are decoded once up front (``--decode`` makes every job decode its JPEG too, for the
 end-to-end CPU cost). ``--api preprocess|vllm-render`` measures instead the served path itself:
 each job is one request body through ``Engine.serve`` (parse, decode, process, encode, placed by
-the engine exactly as ``serve`` places them), without the HTTP socket. Output: a table and a progress line on stderr, the JSON on stdout (and in
-``--json FILE``). The operator can calibrate worker counts per node type from this JSON.
+the engine exactly as ``serve`` places them), without the HTTP socket. Output: a table and a
+progress line on stderr, the JSON on stdout (and in ``--json FILE``). The operator can calibrate
+worker counts per node type from this JSON.
 """
 
 from __future__ import annotations
