@@ -112,9 +112,9 @@ def write(plan_path: str, image_name: str) -> None:
         }).encode()  # fmt: skip
         manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
         add(out, f"blobs/sha256/{manifest_digest.split(':')[1]}", manifest)
+        names = {"io.containerd.image.name": image_name, "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[1]}
         index = {"schemaVersion": 2, "manifests": [{
-            "mediaType": MANIFEST, "digest": manifest_digest, "size": len(manifest),
-            "annotations": {"io.containerd.image.name": image_name, "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[1]},
+            "mediaType": MANIFEST, "digest": manifest_digest, "size": len(manifest), "annotations": names,
         }]}  # fmt: skip
         add(out, "index.json", json.dumps(index).encode())
 
