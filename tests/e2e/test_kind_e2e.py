@@ -34,7 +34,7 @@ from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 
 from example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
-from support.kube import Kube, condition, condition_is, container_env, pool_for, pools, wait_for
+from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pool_for, pools, wait_for
 
 # Setup builds the images and the node image and creates the cluster: many minutes the first time.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -396,7 +396,7 @@ def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resou
     uids = lambda: {  # noqa: E731
         "mmps": {
             o["metadata"]["name"]: o["metadata"]["uid"]
-            for o in kube.custom.list_namespaced_custom_object("mmprep.dev", "v1alpha1", NAMESPACE, "multimodalpreprocessors")["items"]
+            for o in kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
         },
         "deployments": {d.metadata.name: d.metadata.uid for d in kube.deployments(NAMESPACE)},
     }  # fmt: skip
