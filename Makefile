@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test unit gpu-check demo cluster-up cluster-down cluster-status control-plane crd vllm-venv
+.PHONY: venv test unit lint gpu-check demo cluster-up cluster-down cluster-status control-plane crd vllm-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[runtime,operator,test]'
+	$(PY) -m pip install -e '.[runtime,operator,test,lint]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -22,6 +22,15 @@ test: venv control-plane vllm-venv
 
 unit: venv
 	$(PY) -m pytest tests/unit
+
+# Lint, format, types and layers; configured in pyproject.toml. Runs every check, then fails if any did.
+lint: venv
+	@status=0; \
+	echo "== ruff check"; $(VENV)/bin/ruff check . || status=1; \
+	echo "== ruff format --check"; $(VENV)/bin/ruff format --check . || status=1; \
+	echo "== mypy (strict)"; $(VENV)/bin/mypy || status=1; \
+	echo "== lint-imports"; $(VENV)/bin/lint-imports || status=1; \
+	exit $$status
 
 # The CUDA tests and the GPU-path bench (1 and 2 workers, the CPU path beside it); GPU machines only.
 gpu-check: venv

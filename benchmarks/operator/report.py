@@ -17,7 +17,10 @@ def main() -> int:
         f"{results['machine']['memory_gib']} GiB. Operator RSS idle: {results['operator_rss_idle_mib']} MiB; "
         f"mean reconcile: {results['reconcile_duration_mean_ms']} ms.\n"
     )
-    print("| resources | apply -> all Ready | probes done -> all Ready | reconciles/s | label change p50 / p99 (max) | operator RSS (peak) |")
+    print(
+        "| resources | apply -> all Ready | probes done -> all Ready | reconciles/s "
+        "| label change p50 / p99 (max) | operator RSS (peak) |"
+    )
     print("|---|---|---|---|---|---|")
     for step in results["levels"]:
         reaction = step["label_change_reaction_seconds"]

@@ -42,9 +42,9 @@ from kubernetes.client.rest import ApiException
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, condition_is, wait_for
-from support.operator_process import OperatorProcess
-from support.specs import make_spec
+from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, condition_is, wait_for  # noqa: E402 - after the sys.path line
+from support.operator_process import OperatorProcess  # noqa: E402 - after the sys.path line
+from support.specs import make_spec  # noqa: E402 - after the sys.path line
 
 BENCH_LABEL = "mmprep.dev/bench"
 PRODUCTS = {

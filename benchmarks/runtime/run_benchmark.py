@@ -109,7 +109,7 @@ class SerialCost:
     def measure(self, seconds: float) -> None:
         started, count = time.perf_counter(), 0
         while time.perf_counter() - started < seconds or count < 10:
-            for stage, spent in zip(self.STAGES, self._one()):
+            for stage, spent in zip(self.STAGES, self._one(), strict=True):
                 self.totals[stage] += spent
             count += 1
         self.count += count

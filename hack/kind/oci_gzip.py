@@ -54,7 +54,8 @@ def plan(out_path: str) -> None:
                 docs[member.name] = f.read()
     [entry] = json.loads(docs["manifest.json"])
     config = docs[entry["Config"]]
-    json.dump({"config": config.decode(), "layers": [layers[name] for name in entry["Layers"]], "paths": entry["Layers"]}, open(out_path, "w"))
+    with open(out_path, "w") as plan_file:
+        json.dump({"config": config.decode(), "layers": [layers[name] for name in entry["Layers"]], "paths": entry["Layers"]}, plan_file)
 
 
 def add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -83,39 +84,39 @@ class Chunks(io.RawIOBase):
 
 
 def write(plan_path: str, image_name: str) -> None:
-    p = json.load(open(plan_path))
-    by_path = dict(zip(p["paths"], p["layers"]))
-    out = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT)
-    add(out, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-    written: set[str] = set()
-    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
-        for member in archive:
-            layer = by_path.get(member.name)
-            if not member.isfile() or layer is None or layer["digest"] in written:
-                continue
-            f = archive.extractfile(member)
-            assert f is not None
-            info = tarfile.TarInfo(f"blobs/sha256/{str(layer['digest']).split(':')[1]}")
-            info.size = int(layer["size"])
-            out.addfile(info, io.BufferedReader(Chunks(gzipped(f)), CHUNK))
-            written.add(str(layer["digest"]))
-    assert written == {str(layer["digest"]) for layer in p["layers"]}, "the image changed since its plan was made"
-    config = p["config"].encode()
-    config_digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
-    add(out, f"blobs/sha256/{config_digest.split(':')[1]}", config)
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": MANIFEST,
-        "config": {"mediaType": CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER, "digest": layer["digest"], "size": layer["size"]} for layer in p["layers"]],
-    }).encode()  # fmt: skip
-    manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
-    add(out, f"blobs/sha256/{manifest_digest.split(':')[1]}", manifest)
-    index = {"schemaVersion": 2, "manifests": [{
-        "mediaType": MANIFEST, "digest": manifest_digest, "size": len(manifest),
-        "annotations": {"io.containerd.image.name": image_name, "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[1]},
-    }]}  # fmt: skip
-    add(out, "index.json", json.dumps(index).encode())
-    out.close()
+    with open(plan_path) as plan_file:
+        p = json.load(plan_file)
+    by_path = dict(zip(p["paths"], p["layers"], strict=True))
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as out:
+        add(out, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        written: set[str] = set()
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
+            for member in archive:
+                layer = by_path.get(member.name)
+                if not member.isfile() or layer is None or layer["digest"] in written:
+                    continue
+                f = archive.extractfile(member)
+                assert f is not None
+                info = tarfile.TarInfo(f"blobs/sha256/{str(layer['digest']).split(':')[1]}")
+                info.size = int(layer["size"])
+                out.addfile(info, io.BufferedReader(Chunks(gzipped(f)), CHUNK))
+                written.add(str(layer["digest"]))
+        assert written == {str(layer["digest"]) for layer in p["layers"]}, "the image changed since its plan was made"
+        config = p["config"].encode()
+        config_digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
+        add(out, f"blobs/sha256/{config_digest.split(':')[1]}", config)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": MANIFEST,
+            "config": {"mediaType": CONFIG, "digest": config_digest, "size": len(config)},
+            "layers": [{"mediaType": LAYER, "digest": layer["digest"], "size": layer["size"]} for layer in p["layers"]],
+        }).encode()  # fmt: skip
+        manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+        add(out, f"blobs/sha256/{manifest_digest.split(':')[1]}", manifest)
+        names = {"io.containerd.image.name": image_name, "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[1]}
+        index = {"schemaVersion": 2, "manifests": [{
+            "mediaType": MANIFEST, "digest": manifest_digest, "size": len(manifest), "annotations": names,
+        }]}  # fmt: skip
+        add(out, "index.json", json.dumps(index).encode())
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def calibration_inputs(
         "measure": [
             settings.tolerance, max_workers(spec, policy), settings.seconds_per_count,
             spec.workers.calibration_samples or settings.image_sizes,
-        ],  # fmt: skip
+        ],
         "recalibrate": recalibrate,
     }
 

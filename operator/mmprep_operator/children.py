@@ -1,7 +1,8 @@
 """What the operator knows about its children from watch events, so that a reconcile whose result
 did not change costs no API calls for them.
 
-For each child (Deployment, PodDisruptionBudget, Service; runtime pods only wake their owner) it keeps two facts and compares them:
+For each child (Deployment, PodDisruptionBudget, Service; runtime pods only wake their owner) it
+keeps two facts and compares them:
 
 - what the operator last applied: a digest of the rendered object and the object's *marker* in
   the apply's answer;

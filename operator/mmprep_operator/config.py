@@ -25,6 +25,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=None)
 
 
+def _default_probe_resources() -> dict[str, dict[str, Quantity]]:
+    return {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}}
+
+
 class ProbeDefaults(_Strict):
     """Defaults for the probe Job; the resource's spec.probe wins where it says something."""
 
@@ -34,9 +38,7 @@ class ProbeDefaults(_Strict):
     backoff_limit: int = Field(1, alias="backoffLimit", ge=0, le=6)
     # The result is also kept in each resource's status, so the Job only needs to outlive reading it.
     ttl_seconds_after_finished: int = Field(3600, alias="ttlSecondsAfterFinished", ge=0)
-    resources: dict[str, dict[str, Quantity]] = Field(
-        default_factory=lambda: {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}}
-    )
+    resources: dict[str, dict[str, Quantity]] = Field(default_factory=_default_probe_resources)
 
 
 class CalibrationDefaults(_Strict):

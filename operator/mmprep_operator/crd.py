@@ -64,10 +64,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         types = sorted(b.get("type", "") for b in branches)
         if types == ["integer", "string"]:
-            out = {"x-kubernetes-int-or-string": True}
+            quantity: dict[str, Any] = {"x-kubernetes-int-or-string": True}
             if "description" in rest:
-                out["description"] = rest["description"]
-            return out
+                quantity["description"] = rest["description"]
+            return quantity
         if len(branches) != 1:
             raise ValueError(f"cannot express anyOf {node['anyOf']} in a structural schema")
         # Optional[X]: absence means None; the API server prunes explicit nulls before defaulting.

@@ -78,7 +78,8 @@ def render_answering_job(
 
 
 def condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for c in (job.get("status") or {}).get("conditions") or ():
+    conditions: Sequence[Mapping[str, Any]] = (job.get("status") or {}).get("conditions") or ()
+    for c in conditions:
         if c.get("type") == type_ and c.get("status") == "True":
             return c
     return None

@@ -103,11 +103,12 @@ def load_configuration(kubeconfig: str | None = None, context: str | None = None
     configuration = client.Configuration()
     if kubeconfig is None:
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            # kubernetes ships py.typed but leaves its config loaders unannotated.
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             return configuration
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
     return configuration
 
 

@@ -92,7 +92,7 @@ def _pool_shape(node: NodeFacts, gpu_requested: bool) -> tuple[tuple[str, ...], 
     if identity is not None and identity.product is not None:
         return ("product", identity.product), identity.product, {gpus.PRODUCT_LABEL: identity.product}, ()
     if identity is not None:
-        selector = {k: labels[k] for k in (gpus.FAMILY_LABEL, gpus.COMPUTE_MAJOR_LABEL, gpus.COMPUTE_MINOR_LABEL) if k in labels}
+        selector: dict[str, str] = {k: labels[k] for k in (gpus.FAMILY_LABEL, gpus.COMPUTE_MAJOR_LABEL, gpus.COMPUTE_MINOR_LABEL) if k in labels}
         readable = "-".join([identity.family or "gpu", *(identity.compute or "").split(".")]).rstrip("-")
         return (
             ("labels", *(f"{k}={v}" for k, v in sorted(selector.items()))),

@@ -97,7 +97,7 @@ def _probe_conditions(probe: api.ProbeStatus | None) -> tuple[tuple[Status, str,
     if probe.state == "Succeeded" and probe.result is not None:
         r = probe.result
         fast = "a fast image processor" if r.fast_image_processor else "no fast image processor"
-        probed = ("True", "ProbeSucceeded", f"{r.processor_class or 'processor'} loaded with {fast} (Job {probe.job})")
+        probed: tuple[Status, str, str] = ("True", "ProbeSucceeded", f"{r.processor_class or 'processor'} loaded with {fast} (Job {probe.job})")
         if r.cloneable:
             took = f" in {r.clone_seconds:.2f}s" if r.clone_seconds is not None else ""
             return probed, ("True", "Cloneable", f"the processor deep-copies{took}: one copy per worker")

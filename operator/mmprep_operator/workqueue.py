@@ -126,7 +126,7 @@ class Backoff(Generic[K]):
     def next(self, key: K) -> float:
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        return min(self.cap, self.base * 2**n)
+        return min(self.cap, self.base * 2.0**n)
 
     def reset(self, key: K) -> None:
         self._failures.pop(key, None)

@@ -29,7 +29,13 @@ def load_objects(text: str) -> list[dict[str, Any]]:
     for doc in yaml.safe_load_all(text):
         if doc is None:
             continue
-        items = doc if isinstance(doc, list) else doc.get("items") if isinstance(doc, dict) and "items" in doc else [doc]
+        items: list[Any]
+        if isinstance(doc, list):
+            items = doc
+        elif isinstance(doc, dict) and "items" in doc:
+            items = doc["items"] or []  # an empty `kind: List` says `items: null`
+        else:
+            items = [doc]
         for item in items:
             if not isinstance(item, dict):
                 raise ValueError(f"expected Kubernetes objects (mappings), got {type(item).__name__}")

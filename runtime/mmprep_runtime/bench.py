@@ -10,8 +10,9 @@ measured in interleaved rounds, so background load on a shared machine hits them
 Images are decoded once up front (``--decode`` makes every job decode its JPEG too, for the
 end-to-end CPU cost). ``--api preprocess|vllm-render`` measures instead the served path itself:
 each job is one request body through ``Engine.serve`` (parse, decode, process, encode, placed by
-the engine exactly as ``serve`` places them), without the HTTP socket. Output: a table and a progress line on stderr, the JSON on stdout (and in
-``--json FILE``). The operator can calibrate worker counts per node type from this JSON.
+the engine exactly as ``serve`` places them), without the HTTP socket. Output: a table and a
+progress line on stderr, the JSON on stdout (and in ``--json FILE``). The operator can calibrate
+worker counts per node type from this JSON.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from typing import Any, Callable, Final
 
 
-from mmprep_runtime import cuda, decoding, engine, loading, pipeline, testing_media, versions
+from mmprep_runtime import cpus, cuda, decoding, engine, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = 2
@@ -422,7 +423,7 @@ def run(
         "api": api,
         "duration_s": duration,
         "rounds": rounds,
-        "usable_cpus": engine.cpus.usable_cpus(),
+        "usable_cpus": cpus.usable_cpus(),
         "device": device,  # of the pools and of the direct baseline alike
         "direct": direct,
         "results": results,

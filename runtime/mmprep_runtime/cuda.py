@@ -87,7 +87,7 @@ def start(environ: Mapping[str, str] = os.environ) -> str:
         if index >= count:
             raise CudaUnavailable(f"device cuda: {ENV_DEVICE_INDEX}={index}, but only {count} device(s) are visible ({_visible(environ)})")
         device = f"cuda:{index}"
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         torch.cuda.set_device(index)
         # A real allocation and kernel: a device in a bad state (ECC, taken exclusively) fails here.
         probe = torch.ones(1024, device=device)
@@ -106,7 +106,7 @@ def worker_init(device: str) -> None:
     import torch
 
     torch.cuda.set_device(torch.device(device))
-    torch.cuda.set_stream(torch.cuda.Stream(device=device))
+    torch.cuda.set_stream(torch.cuda.Stream(device=device))  # type: ignore[no-untyped-call]  # torch leaves Stream() unannotated
 
 
 def upload_images(images: Sequence[Any], device: str) -> list[Any]:

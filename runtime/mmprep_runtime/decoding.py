@@ -145,6 +145,7 @@ def decode_wav(data: bytes, what: str, *, target_rate: int, max_seconds: float) 
     if samples.size < channels:
         raise errors.BadMedia(f"{what} has no samples")
     samples = samples[: samples.size - samples.size % channels].reshape(-1, channels)
+    audio: np.ndarray[Any, Any]
     if width == 1:
         audio = (samples.astype(np.float32) - 128.0) / 128.0
     else:

@@ -79,19 +79,21 @@ def _check_special_mm_tokens(self: Any, text: Any, text_inputs: Any, modalities:
     input_ids = text_inputs["input_ids"]
     plain = isinstance(text, list) and all(isinstance(sample, str) and marker not in sample for sample in text)
     if not plain or not _integer_id_matrix(input_ids) or input_ids.shape[0] != len(text):
-        return library(self, text, text_inputs, modalities)
+        library(self, text, text_inputs, modalities)
+        return
     for modality in modalities:
         token = getattr(self, f"{modality}_token", None)
         token_id = getattr(self, f"{modality}_token_id", None)
         if token is None or token_id is None:
             continue
         if not isinstance(token, str) or not token or type(token_id) is not int:
-            return library(self, text, text_inputs, modalities)
+            library(self, text, text_inputs, modalities)
+            return
         # Without the marker, the library's regex (the token not preceded by the marker) finds
         # exactly the non-overlapping occurrences that str.count counts.
         if (input_ids == token_id).sum(dim=1).tolist() != [sample.count(token) for sample in text]:
-            return library(self, text, text_inputs, modalities)  # it raises, with its own message
-    return None
+            library(self, text, text_inputs, modalities)  # it raises, with its own message
+            return
 
 
 def _create_mm_token_type_ids(self: Any, input_ids: Any) -> Any:

@@ -81,13 +81,16 @@ class _CheckingResolver(AbstractResolver):
             raise FetchFailed(f"cannot resolve host {host!r}: {exc.strerror}") from None
         results: list[ResolveResult] = []
         for family_, _, proto, _, sockaddr in infos:
-            address = ipaddress.ip_address(sockaddr[0])
+            ip, port_ = sockaddr[0], sockaddr[1]
+            if not isinstance(ip, str) or not isinstance(port_, int):
+                continue  # not an IP address (getaddrinfo's AF_INET/AF_INET6 answers always are)
+            address = ipaddress.ip_address(ip)
             if not address_allowed(address, self._settings.allowed_networks):
                 raise FetchRefused(
                     f"host {host!r} resolves to {address}, which is not a public address; "
                     "such URLs are refused unless an allowed network contains them"
                 )
-            results.append(ResolveResult(hostname=host, host=str(address), port=sockaddr[1], family=family_,
+            results.append(ResolveResult(hostname=host, host=str(address), port=port_, family=family_,
                                          proto=proto, flags=socket.AI_NUMERICHOST))
         return results
 

@@ -176,7 +176,8 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
     if settings.revision is not None and folder is None:
         common["revision"] = settings.revision
     try:
-        processor = AutoProcessor.from_pretrained(settings.model, **common)
+        # transformers ships py.typed but leaves the Auto classes' from_pretrained unannotated.
+        processor = AutoProcessor.from_pretrained(settings.model, **common)  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - anything here means "cannot load", said clearly
         raise ModelLoadError(f"cannot load processor {settings.model!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -187,7 +188,7 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
     wrong_backend = image_processor is not None and _image_backend(image_processor) != backend.value
     if backend is not policy.Backend.AUTO and wrong_backend:
         try:
-            processor.image_processor = AutoImageProcessor.from_pretrained(
+            processor.image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # as above
                 settings.model, backend=backend.value, **common
             )
         except Exception as exc:  # noqa: BLE001

@@ -110,6 +110,7 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     """
     from PIL import Image, ImageOps
 
+    image: Image.Image  # an ImageFile as opened; a plain Image once transposed
     try:
         image = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -253,7 +254,8 @@ def render(processor: Any, request: openai_chat.RenderRequest, facts: ProcessorF
     except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
         raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
-    placeholders = vllm_format.placeholder_runs(token_ids, model.image_token_id) if images else []
+    # A model without an image token renders no placeholder: the check below then refuses the images.
+    placeholders = vllm_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
     if len(placeholders) != len(images):
         raise errors.Unprocessable(
             f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)"
@@ -445,7 +447,7 @@ class RenderApi:
     async def fetch(self, request: openai_chat.RenderRequest) -> openai_chat.RenderRequest:
         pending = request.urls
         bodies = await asyncio.gather(*(self.fetcher.fetch(source.url or "", source.what) for _, source in pending))
-        return request.fetched({index: body for (index, _), body in zip(pending, bodies)})
+        return request.fetched({index: body for (index, _), body in zip(pending, bodies, strict=True)})
 
     def process(self, processor: Any, request: openai_chat.RenderRequest) -> Rendered:
         return render(processor, request, self.facts, self.model, self.limits)

@@ -219,12 +219,12 @@ def metadata_item(item: Mapping[str, KwargsElement]) -> dict[str, KwargsElement]
 # ---- placeholders and errors -------------------------------------------------------------------
 
 
-def placeholder_runs(token_ids: Sequence[int], token_id: int) -> list[dict[str, int]]:
+def placeholder_runs(token_ids: Sequence[int] | np.ndarray[Any, Any], token_id: int) -> list[dict[str, int]]:
     """``[{"offset", "length"}]`` of each run of ``token_id`` (one run per image)."""
     ids = np.asarray(token_ids)
     is_token = np.concatenate(([False], ids == token_id, [False]))
     edges = np.flatnonzero(is_token[1:] != is_token[:-1])
-    return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2])]
+    return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2], strict=True)]
 
 
 _ERROR_TYPES: Final = {400: "BadRequestError", 404: "NotFoundError", 408: "BadRequestError",

@@ -25,7 +25,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from support.kube import HACK, wait_for
@@ -81,7 +81,7 @@ def render_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 class _Images(http.server.BaseHTTPRequestHandler):
-    files: dict[str, bytes] = {}
+    files: ClassVar[dict[str, bytes]] = {}
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         body = self.files.get(self.path)

@@ -112,7 +112,10 @@ def test_images_run_as_non_root_and_the_operator_image_has_no_torch(images: dict
     for image in (OPERATOR_IMAGE, RUNTIME_IMAGE):
         assert image_config(image)["User"] == f"{RUNTIME_UID}:{RUNTIME_UID}"
     # No installer or compiler in the final images; the operator's has no torch.
-    probe = "import importlib.util as u, shutil; print(u.find_spec('torch') is not None, u.find_spec('pip') is not None, shutil.which('gcc'))"
+    probe = (
+        "import importlib.util as u, shutil; "
+        "print(u.find_spec('torch') is not None, u.find_spec('pip') is not None, shutil.which('gcc'))"
+    )
     out = docker("run", "--rm", *RESTRICTED, "--entrypoint", "/opt/venv/bin/python", OPERATOR_IMAGE, "-c", probe).stdout.split()
     assert out == ["False", "False", "None"], out
     out = docker("run", "--rm", *RESTRICTED, "--entrypoint", "/opt/venv/bin/python", RUNTIME_IMAGE, "-c", probe).stdout.split()

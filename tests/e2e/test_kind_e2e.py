@@ -34,7 +34,7 @@ from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 
 from example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
-from support.kube import Kube, condition, condition_is, container_env, pool_for, pools, wait_for
+from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pool_for, pools, wait_for
 
 # Setup builds the images and the node image and creates the cluster: many minutes the first time.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -69,7 +69,8 @@ class KindCluster:
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [self.kubectl_binary, "--kubeconfig", str(self.kubeconfig), *args], input=input, capture_output=True, text=True, timeout=timeout, check=False
+            [self.kubectl_binary, "--kubeconfig", str(self.kubeconfig), *args],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
@@ -77,7 +78,8 @@ class KindCluster:
 
     def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [self.helm_binary, "--kubeconfig", str(self.kubeconfig), *args], capture_output=True, text=True, timeout=timeout, check=False
+            [self.helm_binary, "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}"
         return done
@@ -271,11 +273,14 @@ def test_a_runtime_pod_under_the_restricted_standard_serves_through_its_service_
         import base64, io, json, urllib.request
         from PIL import Image
         buf = io.BytesIO(); Image.new("RGB", (64, 48), (20, 120, 200)).save(buf, "PNG")
-        body = json.dumps({{"text": "{QWEN_IMAGE_PLACEHOLDER}describe", "images": [base64.b64encode(buf.getvalue()).decode()]}}).encode()
-        req = urllib.request.Request("http://{service.metadata.name}:8080/v1/preprocess", data=body, headers={{"Content-Type": "application/json"}})
+        image = base64.b64encode(buf.getvalue()).decode()
+        body = json.dumps({{"text": "{QWEN_IMAGE_PLACEHOLDER}describe", "images": [image]}}).encode()
+        url = "http://{service.metadata.name}:8080/v1/preprocess"
+        req = urllib.request.Request(url, data=body, headers={{"Content-Type": "application/json"}})
         with urllib.request.urlopen(req, timeout=120) as resp:
             answer = json.load(resp)
-            print(json.dumps({{"status": resp.status, "input_ids": answer["input_ids"], "pixel_values": "pixel_values" in json.dumps(answer)}}))
+            has_pixels = "pixel_values" in json.dumps(answer)
+            print(json.dumps({{"status": resp.status, "input_ids": answer["input_ids"], "pixel_values": has_pixels}}))
         """,
         node=GPU_NODE,
     )
@@ -389,7 +394,10 @@ def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resou
     name = load_example("cpu-pool")["metadata"]["name"]
     wait_until_decided_and_ready(kube, NAMESPACE, name, expected, timeout=900)
     uids = lambda: {  # noqa: E731
-        "mmps": {o["metadata"]["name"]: o["metadata"]["uid"] for o in kube.custom.list_namespaced_custom_object("mmprep.dev", "v1alpha1", NAMESPACE, "multimodalpreprocessors")["items"]},
+        "mmps": {
+            o["metadata"]["name"]: o["metadata"]["uid"]
+            for o in kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+        },
         "deployments": {d.metadata.name: d.metadata.uid for d in kube.deployments(NAMESPACE)},
     }  # fmt: skip
     before = uids()

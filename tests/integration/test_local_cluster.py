@@ -85,7 +85,8 @@ def test_the_api_server_refuses_anonymous_and_untrusted_clients(cluster: Cluster
     host = kube.api.configuration.host
     # No client certificate and no token: anonymous, which RBAC does not let list anything.
     anonymous = subprocess.run(
-        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", kube.api.configuration.ssl_ca_cert, f"{host}/api/v1/nodes"],
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+         "--cacert", kube.api.configuration.ssl_ca_cert, f"{host}/api/v1/nodes"],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert anonymous.stdout in ("401", "403"), anonymous

@@ -68,7 +68,7 @@ def compare(ours_raw: Any, theirs_raw: Any) -> dict[str, Any]:
     if isinstance(ours_raw, list) != isinstance(theirs_raw, list) or len(ours_list) != len(theirs_list):
         return {"ok": False, "problems": ["answers differ in shape (object vs list, or length)"], "summary": {}}
     summary: dict[str, Any] = {}
-    for index, (ours_json, theirs_json) in enumerate(zip(ours_list, theirs_list)):
+    for index, (ours_json, theirs_json) in enumerate(zip(ours_list, theirs_list, strict=True)):
         try:
             ours = GenerateRequest.model_validate(ours_json)
         except Exception as exc:  # noqa: BLE001 - the finding itself
@@ -108,7 +108,7 @@ def compare(ours_raw: Any, theirs_raw: Any) -> dict[str, Any]:
                 if len(ours_items) != len(theirs_items):
                     problems.append(f"[{index}] {kind}.{modality}: {len(ours_items)} items != {len(theirs_items)}")
                     continue
-                for item, (x, y) in enumerate(zip(ours_items, theirs_items)):
+                for item, (x, y) in enumerate(zip(ours_items, theirs_items, strict=True)):
                     label = f"[{index}] {kind}.{modality}[{item}]"
                     if (x is None) != (y is None):
                         problems.append(f"{label}: ours {'None' if x is None else 'set'}, vLLM's {'None' if y is None else 'set'}")

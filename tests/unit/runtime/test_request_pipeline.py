@@ -60,7 +60,7 @@ def test_the_pixels_of_all_images_together_are_capped():
     from mmprep_runtime.settings import Limits
 
     image = base64.b64encode(testing_media.png(100, 100)).decode()
-    body = ('{"text": "", "images": ["%s", "%s", "%s"]}' % (image, image, image)).encode()
+    body = json.dumps({"text": "", "images": [image, image, image]}).encode()
     facts = _facts(image_processor_class="I")
     assert len(pipeline.decode_request(body, facts, Limits(max_request_pixels=30_000)).images) == 3
     with pytest.raises(errors.MediaTooLarge, match="images up to images\\[2\\] have 30000 pixels"):
@@ -92,7 +92,7 @@ def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_fa
                    base64.b64encode(testing_media.png(64, 48)).decode()],
     }
     request = pipeline.decode_request(json.dumps(body).encode(), facts, Limits())
-    assert [type(image).__name__ for image in request.images][0] == ("ndarray" if backend == "pil" else "Tensor")
+    assert type(request.images[0]).__name__ == ("ndarray" if backend == "pil" else "Tensor")
     as_pil = dataclasses.replace(request, images=tuple(
         decoding.decode_image(base64.b64decode(item), "image", max_pixels=10**6) for item in body["images"]
     ))
