@@ -63,7 +63,9 @@ def build_registry() -> kopf.OperatorRegistry:
         )
 
     @kopf.on.startup(registry=registry)
-    async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
+    async def start(
+        *, settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter[Any], **kwargs: Any
+    ) -> None:
         state: OperatorState = memo["state"]
         # kopf would post an Event for every handler log line; the reconciler posts its own.
         settings.posting.level = logging.WARNING

@@ -201,8 +201,10 @@ class Api(Protocol[RequestT, OutputT]):
     asynchronous stage (remote media): it runs on the event loop and must never block it.
     """
 
-    #: Tens of megabytes to encode: the engine encodes it off the worker when the placement says so.
-    large_answer: bool
+    @property
+    def large_answer(self) -> bool:
+        """Tens of megabytes to encode: the engine encodes it off the worker when the placement says so."""
+        ...
 
     def decode(self, body: bytes) -> RequestT: ...
 
