@@ -54,9 +54,7 @@ def _load_resource(path: str) -> tuple[dict[str, Any], api.MultimodalPreprocesso
     try:
         spec = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
     except ValidationError as e:
-        from mmprep_operator.reconcile import describe_validation_error
-
-        raise UsageError(f"{path}: invalid {api.KIND}: {describe_validation_error(e)}") from e
+        raise UsageError(f"{path}: invalid {api.KIND}: {api.describe_validation_error(e)}") from e
     return body, spec
 
 
