@@ -52,7 +52,7 @@ def pool_children(plan: Plan) -> frozenset[tuple[str, str]]:
 
 @dataclasses.dataclass
 class ChildApplier:
-    api: KubeApi
+    kube: KubeApi
     #: Children as the watch shows them (fed by the controller); lets unchanged applies be skipped.
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
     #: Per resource, the (kind, name) of its pool children at its last successful prune.
@@ -114,16 +114,16 @@ class ChildApplier:
         meta = obj["metadata"]
         for attempt in range(_APPLY_ATTEMPTS):
             try:
-                return await self.api.apply(obj, force=False)
+                return await self.kube.apply(obj, force=False)
             except Conflict:
-                existing = await self.api.get_object(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+                existing = await self.kube.get_object(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
                 if existing is None:
                     continue  # deleted meanwhile: apply creates it on the next attempt
                 refs = (existing.get("metadata") or {}).get("ownerReferences") or ()
                 if not any(r.get("uid") == owner.uid and r.get("controller") for r in refs):
                     raise ForeignObject(obj["kind"], meta["namespace"], meta["name"]) from None
                 try:
-                    return await self.api.apply(obj, force=True)
+                    return await self.kube.apply(obj, force=True)
                 except Conflict:
                     if attempt == _APPLY_ATTEMPTS - 1:
                         raise
@@ -134,9 +134,9 @@ class ChildApplier:
         """Delete this resource's Deployments and PodDisruptionBudgets of pools that no longer exist."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(owner).items()))
         for kind, api_version in POOL_KINDS.items():
-            for obj in await self.api.list_objects(api_version, kind, owner.namespace, selector):
+            for obj in await self.kube.list_objects(api_version, kind, owner.namespace, selector):
                 meta = obj.get("metadata") or {}
                 owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
                 if owned and (kind, meta.get("name")) not in keep:
-                    await self.api.delete_object(api_version, kind, owner.namespace, meta["name"])
+                    await self.kube.delete_object(api_version, kind, owner.namespace, meta["name"])
                     log.info("child of a vanished pool deleted", extra={"namespace": owner.namespace, "kind": kind, "name": meta["name"]})

@@ -30,7 +30,7 @@ log = logging.getLogger("mmprep.operator.calibration_jobs")
 
 @dataclasses.dataclass
 class CalibrationJobs:
-    api: KubeApi
+    kube: KubeApi
     policy: OperatorPolicy
     clock: Callable[[], dt.datetime]
     #: Settled calibrations per (namespace, calibration hash); also kept in each resource's status.
@@ -83,17 +83,17 @@ class CalibrationJobs:
         self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, pool: pools.Pool, hash_: str
     ) -> api.PoolCalibration:
         name = calibration.job_name(hash_)
-        job = await self.api.get_job(owner.namespace, name)
+        job = await self.kube.get_job(owner.namespace, name)
         if job is None:
             node = calibration.node_for(pool)
             assert node is not None  # unavailable_reason() rules out a pool without nodes
-            job = await self.api.create_job(calibration.render_job(owner, spec, self.policy, pool, node, hash_))
+            job = await self.kube.create_job(calibration.render_job(owner, spec, self.policy, pool, node, hash_))
             if created_by(job, owner):
                 log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
         else:
-            await share_job(self.api, owner, job)
+            await share_job(self.kube, owner, job)
         selector = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
-        pods = await self.api.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
+        pods = await self.kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
         outcome = calibration.read_outcome(job, pods)
         result = calibration.pool_calibration(
             hash_, outcome, job=name, node=selector.get(calibration.HOSTNAME_LABEL), measured_at=status.timestamp(self.clock())

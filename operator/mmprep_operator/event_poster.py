@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from mmprep_operator import render, status
 from mmprep_operator.kube import ApiError, KubeApi
@@ -27,6 +27,9 @@ from mmprep_operator.kube import ApiError, KubeApi
 log = logging.getLogger("mmprep.operator.event_poster")
 
 _Pending = tuple[render.Owner, str | None, status.EventSpec]
+#: How long shutting down waits for the Events still queued: long enough for a backlog after a
+#: node change, short against the pod's termination grace period.
+DRAIN_SECONDS: Final = 5.0
 
 
 def utcnow() -> dt.datetime:
@@ -35,7 +38,7 @@ def utcnow() -> dt.datetime:
 
 @dataclasses.dataclass
 class EventPoster:
-    api: KubeApi
+    kube: KubeApi
     clock: Callable[[], dt.datetime] = utcnow
     #: Names this operator instance in the Events it posts (the pod name in a cluster).
     instance: str = dataclasses.field(default_factory=socket.gethostname)
@@ -62,7 +65,7 @@ class EventPoster:
         """A background task is posting (or waiting for) Events."""
         return self._task is not None
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, timeout: float = DRAIN_SECONDS) -> None:
         """Post the Events still waiting (for at most ``timeout`` seconds), then stop posting."""
         if self._task is None:
             return
@@ -92,7 +95,7 @@ class EventPoster:
         owner, version, event = pending
         body = status.event_body(owner, event, resource_version=version, instance=self.instance, now=self.clock())
         try:
-            await self.api.post_event(body)
+            await self.kube.post_event(body)
         except ApiError as e:
             # Events are best effort: never fail a reconcile for one.
             log.warning("could not post event", extra={"reason": event.reason, "error": str(e)})

@@ -31,7 +31,7 @@ log = logging.getLogger("mmprep.operator.probe_jobs")
 
 @dataclasses.dataclass
 class ProbeJobs:
-    api: KubeApi
+    kube: KubeApi
     policy: OperatorPolicy
     metrics: Metrics
     #: Successful answers per (namespace, probe hash); also in each resource's status and Job.
@@ -57,18 +57,18 @@ class ProbeJobs:
     async def read(self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str) -> api.ProbeStatus:
         """The probe's state from its Job, which is created (or shared) here."""
         job_name = probe.job_name(hash_)
-        job = await self.api.get_job(owner.namespace, job_name)
+        job = await self.kube.get_job(owner.namespace, job_name)
         if job is None:
-            job = await self.api.create_job(probe.render_job(owner, spec, self.policy, hash_))
+            job = await self.kube.create_job(probe.render_job(owner, spec, self.policy, hash_))
             if created_by(job, owner):
                 self.metrics.probe_jobs.inc()
                 log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
             else:
-                await share_job(self.api, owner, job)
+                await share_job(self.kube, owner, job)
         else:
             # Created by another resource with the same probe hash: share it (a no-op if we own it).
-            await share_job(self.api, owner, job)
-        pods = await self.api.list_pods(owner.namespace, f"job-name={job_name}") if jobs.finished(job) else []
+            await share_job(self.kube, owner, job)
+        pods = await self.kube.list_pods(owner.namespace, f"job-name={job_name}") if jobs.finished(job) else []
         outcome = probe.read_outcome(job, pods)
         if outcome.state == "Succeeded" and outcome.result is not None:
             self.remember((owner.namespace, hash_), outcome.result)

@@ -48,7 +48,7 @@ from mmprep_operator.applier import ChildApplier
 from mmprep_operator.calibration_jobs import CalibrationJobs
 from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.event_poster import EventPoster, utcnow
+from mmprep_operator.event_poster import DRAIN_SECONDS, EventPoster, utcnow
 from mmprep_operator.kube import ApiError, KubeApi
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.nodes import NodeFacts
@@ -91,7 +91,7 @@ class Outcome:
 
 @dataclasses.dataclass
 class Reconciler:
-    api: KubeApi
+    kube: KubeApi
     policy: OperatorPolicy
     nodes: Callable[[], Iterable[NodeFacts]]
     metrics: Metrics
@@ -124,11 +124,11 @@ class Reconciler:
     _versions: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self, instance: str | None, events_in_background: bool) -> None:
-        self.probes = ProbeJobs(self.api, self.policy, self.metrics)
-        self.calibrations = CalibrationJobs(self.api, self.policy, self.clock)
-        self.applier = ChildApplier(self.api, self.children)
-        self.events = EventPoster(self.api, self.clock, instance or socket.gethostname(), background=events_in_background)
-        self.writer = StatusWriter(self.api, self.metrics, self.events, self.clock)
+        self.probes = ProbeJobs(self.kube, self.policy, self.metrics)
+        self.calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
+        self.applier = ChildApplier(self.kube, self.children)
+        self.events = EventPoster(self.kube, self.clock, instance or socket.gethostname(), background=events_in_background)
+        self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
 
     def _pooling(self, spec: api.MultimodalPreprocessorSpec) -> pools.Pooling:
         """``pools.group`` over the current nodes, memoized until any node fact changes.
@@ -155,7 +155,7 @@ class Reconciler:
         try:
             return await self._reconcile(namespace, name)
         except ApiError as e:
-            gone = e.status == 404 and await self.api.get_resource(namespace, name) is None
+            gone = e.status == 404 and await self.kube.get_resource(namespace, name) is None
             # Deleted while we worked on it, or its namespace is going away with everything in it:
             # nothing to report, and nowhere to report it.
             if gone or e.namespace_terminating:
@@ -163,7 +163,7 @@ class Reconciler:
                 return Outcome("gone")
             raise
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, timeout: float = DRAIN_SECONDS) -> None:
         """Post the Events still waiting (for at most ``timeout`` seconds), then stop posting."""
         await self.events.close(timeout)
 
@@ -178,7 +178,7 @@ class Reconciler:
             if outcome is not READ_AGAIN:
                 self.metrics.reads.labels("watch").inc()
                 return outcome
-        body = await self.api.get_resource(namespace, name)
+        body = await self.kube.get_resource(namespace, name)
         self.metrics.reads.labels("api").inc()
         if body is None:
             self._forget(key)
@@ -329,7 +329,7 @@ class Reconciler:
         ]
         if not short:
             return {}
-        pods = await self.api.list_pods(owner.namespace, render.selector_string(owner))
+        pods = await self.kube.list_pods(owner.namespace, render.selector_string(owner))
         by_label = {naming.label_value(name): name for name in short}
         return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
 

@@ -45,14 +45,14 @@ def created_by(job: Mapping[str, Any], owner: render.Owner) -> bool:
     return any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ())
 
 
-async def share_job(api: KubeApi, owner: render.Owner, job: Mapping[str, Any]) -> None:
+async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) -> None:
     """Add the resource as an owner of a Job another resource created (GC needs all owners gone)."""
     meta = job.get("metadata") or {}
     owners = list(meta.get("ownerReferences") or ())
     if not owner.uid or any(o.get("uid") == owner.uid for o in owners):
         return
     try:
-        await api.set_job_owners(
+        await kube.set_job_owners(
             owner.namespace, meta["name"], [*owners, owner.reference(controller=False)], str(meta.get("resourceVersion", ""))
         )
     except Conflict:

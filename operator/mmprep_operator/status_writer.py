@@ -37,7 +37,7 @@ class Written:
 
 @dataclasses.dataclass
 class StatusWriter:
-    api: KubeApi
+    kube: KubeApi
     metrics: Metrics
     events: EventPoster
     clock: Callable[[], dt.datetime]
@@ -61,7 +61,7 @@ class StatusWriter:
         version = None
         if previous is None or previous.wire() != wire:
             try:
-                version = await self.api.replace_resource_status(owner.namespace, owner.name, wire, resource_version=if_version)
+                version = await self.kube.replace_resource_status(owner.namespace, owner.name, wire, resource_version=if_version)
             except Conflict:
                 if if_version is None:
                     raise

@@ -27,7 +27,7 @@ class Cluster:
         self.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", GB300, gpus=4)]
         self.metrics = Metrics()
         self.now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        self.reconciler = Reconciler(api=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
+        self.reconciler = Reconciler(kube=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
 
     async def reconcile(self, name: str = "m"):
         return await self.reconciler.reconcile("ns", name)
