@@ -14,8 +14,8 @@ policy, and is composed here:
 - ``status_writer``: the status write (maybe conditional), which hands Events to ``event_poster``.
 
 The state kept between calls is optimisation only: the collaborators' caches, the pool grouping
-of the current nodes per placement (resources that share a placement group the nodes once per
-change), and the newest resourceVersion of each resource this reconciler read or wrote.
+of the current nodes per placement (``pools.PoolingMemo``: resources that share a placement
+group the nodes once per change), and the newest resourceVersion of each resource this reconciler read or wrote.
 
 Where the resource is read from: a pass that only writes status (a node change, a readiness
 change) starts from the watch's copy (``watched``) instead of a GET, when that copy is the newest
@@ -62,7 +62,6 @@ log = logging.getLogger("mmprep.operator.reconcile")
 OutcomeKind = Literal["done", "decided", "waiting", "invalid", "gone", "error"]
 # After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
 _PROBE_GRACE_SECONDS: Final = 30.0
-_POOLING_MEMO_SIZE: Final = 256
 
 
 class ReadAgain(enum.Enum):
@@ -87,6 +86,18 @@ def _version(body: Mapping[str, Any]) -> str | None:
 class Outcome:
     kind: OutcomeKind
     requeue_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """The resource as one pass read it, and from where: the API (``fresh``) or the watch's copy."""
+
+    owner: render.Owner
+    body: Mapping[str, Any]
+    #: Its status as parsed (None: none yet, or another operator version's); an early report
+    #: replaces it for the rest of the pass.
+    previous: api.MultimodalPreprocessorStatus | None
+    fresh: bool
 
 
 @dataclasses.dataclass
@@ -117,9 +128,8 @@ class Reconciler:
     applier: ChildApplier = dataclasses.field(init=False)
     events: EventPoster = dataclasses.field(init=False)
     writer: StatusWriter = dataclasses.field(init=False)
-    #: The nodes the memoized poolings were grouped from, and those poolings by placement key.
-    _node_snapshot: list[NodeFacts] = dataclasses.field(default_factory=list)
-    _poolings: dict[str, pools.Pooling] = dataclasses.field(default_factory=dict)
+    #: The pool grouping of the current nodes per placement, shared by resources that share one.
+    _poolings: pools.PoolingMemo = dataclasses.field(default_factory=pools.PoolingMemo)
     #: Per resource, the newest resourceVersion this reconciler read (a GET) or wrote (its status).
     _versions: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
@@ -129,27 +139,6 @@ class Reconciler:
         self.applier = ChildApplier(self.kube, self.children)
         self.events = EventPoster(self.kube, self.clock, instance or socket.gethostname(), background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
-
-    def _pooling(self, spec: api.MultimodalPreprocessorSpec) -> pools.Pooling:
-        """``pools.group`` over the current nodes, memoized until any node fact changes.
-
-        One node event requeues every resource that could use the node; they mostly share their
-        placement (selector, tolerations, affinity, GPU resource), so they share one grouping
-        instead of each regrouping all nodes. Comparing the node list with the snapshot is cheap
-        (identity first, then the small frozen facts) and needs no version kept in step with
-        the index.
-        """
-        nodes = list(self.nodes())
-        if nodes != self._node_snapshot:
-            self._node_snapshot = nodes
-            self._poolings.clear()
-        key = pools.placement_key(spec)
-        pooling = self._poolings.get(key)
-        if pooling is None:
-            if len(self._poolings) >= _POOLING_MEMO_SIZE:
-                self._poolings.clear()
-            pooling = self._poolings[key] = pools.group(nodes, spec)
-        return pooling
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         try:
@@ -206,8 +195,8 @@ class Reconciler:
             self._forget((namespace, name))
             return Outcome("gone")
         owner = render.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
+        read = _Read(owner, body, _parse_status(body.get("status")), fresh)
         generation = meta.get("generation")
-        previous = _parse_status(body.get("status"))
         selector = render.selector_string(owner)
         annotations = meta.get("annotations") or {}
 
@@ -216,10 +205,10 @@ class Reconciler:
         except ValidationError as e:
             # Only reachable when the CRD in the cluster is older/laxer than this operator.
             obs = status.Observation(generation, selector, spec_error=api.describe_validation_error(e))
-            return await self._finish(owner, body, previous, obs, Outcome("invalid"), fresh=fresh)
+            return await self._finish(read, obs, Outcome("invalid"))
 
         hash_ = probe.probe_hash(spec, self.policy, annotations.get(probe.ANNOTATION_REPROBE))
-        probe_status = self.probes.known(owner, hash_, previous)
+        probe_status = self.probes.known(owner, hash_, read.previous)
         if probe_status is None:
             if not fresh:
                 return READ_AGAIN  # the Job is read (and maybe created) only for a freshly read spec
@@ -227,18 +216,19 @@ class Reconciler:
         if probe_status.state != "Succeeded" or probe_status.result is None:
             obs = status.Observation(generation, selector, probe=probe_status)
             if probe_status.state == "Failed":
-                return await self._finish(owner, body, previous, obs, Outcome("waiting"), fresh=fresh)
+                return await self._finish(read, obs, Outcome("waiting"))
             deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
             waiting = Outcome("waiting", requeue_after=deadline + _PROBE_GRACE_SECONDS)
-            return await self._finish(owner, body, previous, obs, waiting, fresh=fresh)
+            return await self._finish(read, obs, waiting)
 
-        pooling = self._pooling(spec)
-        plan = make_plan(owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling)
+        pooling = self._poolings.pooling_for(list(self.nodes()), spec)
+        nodes = self._poolings.nodes
+        plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling)
         calibrations: dict[str, api.PoolCalibration] = {}
         calibrating = False
         if calibration.wanted(spec, self.policy):
             recalibrate = annotations.get(calibration.ANNOTATION_RECALIBRATE)
-            found = await self.calibrations.of(owner, spec, plan, previous, recalibrate, read_jobs=fresh)
+            found = await self.calibrations.of(owner, spec, plan, read.previous, recalibrate, read_jobs=fresh)
             if found is None:
                 return READ_AGAIN  # the Jobs are read (and maybe created) only for a freshly read spec
             calibrations = found
@@ -248,7 +238,7 @@ class Reconciler:
             calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
             if measured:
                 plan = make_plan(
-                    owner, spec, self._node_snapshot, probe_status.result, self.policy, pooling=pooling, measured=measured
+                    owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured
                 )
 
         def observed(
@@ -270,6 +260,7 @@ class Reconciler:
                 pool_problems={**(pod_problems or {}), **plan.pool_problems},
             )
 
+        previous = read.previous
         if previous is not None and previous.pools and not self.applier.children_unchanged(plan):
             # Children must change. When the decided pools changed too (a node change, a spec
             # edit), report the decision before the applies: a node change makes every resource
@@ -285,10 +276,10 @@ class Reconciler:
                 plan.problem,
             )
             if _decided(status.fold(previous, early, self.clock()).pools) != _decided(previous.pools):
-                reported = await self._report(owner, body, previous, early, fresh=fresh)
+                reported = await self._report(read, early)
                 if reported is READ_AGAIN:
                     return READ_AGAIN
-                previous = reported
+                read = dataclasses.replace(read, previous=reported)
                 if self.report_first:
                     return Outcome("decided", requeue_after=0.0)
         if not fresh and not self.applier.up_to_date(owner, plan):
@@ -298,26 +289,16 @@ class Reconciler:
         pod_problems = await self._pod_problems(owner, plan, applied.deployments) if not failed else {}
         obs = observed(applied.deployments, applied.problem or plan.problem, pod_problems)
         if failed:
-            return await self._finish(owner, body, previous, obs, Outcome("error"), fresh=fresh)
+            return await self._finish(read, obs, Outcome("error"))
         if calibrating:
             # The Job's own events bring the result; this is the net under a lost watch event.
             done = Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
-            return await self._finish(owner, body, previous, obs, done, fresh=fresh)
-        return await self._finish(owner, body, previous, obs, Outcome("done"), fresh=fresh)
+            return await self._finish(read, obs, done)
+        return await self._finish(read, obs, Outcome("done"))
 
-    async def _finish(
-        self,
-        owner: render.Owner,
-        body: Mapping[str, Any],
-        previous: api.MultimodalPreprocessorStatus | None,
-        obs: status.Observation,
-        outcome: Outcome,
-        *,
-        fresh: bool,
-    ) -> Outcome | ReadAgain:
+    async def _finish(self, read: _Read, obs: status.Observation, outcome: Outcome) -> Outcome | ReadAgain:
         """Report the pass's last observation; then ``outcome``, or ``READ_AGAIN`` if it was not written."""
-        reported = await self._report(owner, body, previous, obs, fresh=fresh)
-        return READ_AGAIN if reported is READ_AGAIN else outcome
+        return READ_AGAIN if await self._report(read, obs) is READ_AGAIN else outcome
 
     async def _pod_problems(
         self, owner: render.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
@@ -333,23 +314,15 @@ class Reconciler:
         by_label = {naming.label_value(name): name for name in short}
         return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
 
-    async def _report(
-        self,
-        owner: render.Owner,
-        body: Mapping[str, Any],
-        previous: api.MultimodalPreprocessorStatus | None,
-        obs: status.Observation,
-        *,
-        fresh: bool,
-    ) -> api.MultimodalPreprocessorStatus | ReadAgain:
+    async def _report(self, read: _Read, obs: status.Observation) -> api.MultimodalPreprocessorStatus | ReadAgain:
         """Write the status folded from ``obs`` (when it changed) and its Events; return it.
 
         From the watch's copy (not ``fresh``) the write is conditional on the copy's version, or
         this pass's own write since (an early report); ``READ_AGAIN`` when the resource moved on.
         """
-        key = (owner.namespace, owner.name)
-        if_version = None if fresh else self._versions.get(key, _version(body))
-        written = await self.writer.write(owner, body, previous, obs, if_version=if_version)
+        key = (read.owner.namespace, read.owner.name)
+        if_version = None if read.fresh else self._versions.get(key, _version(read.body))
+        written = await self.writer.write(read.owner, read.body, read.previous, obs, if_version=if_version)
         if written is None:
             return READ_AGAIN
         if written.version is not None:
