@@ -6,8 +6,11 @@ Layers, imported in one direction only (a unit test checks that the pure layer s
   ``replicas``, ``config`` -> ``pools``, ``decide`` -> ``render``, ``probe``, ``status`` -> ``plan``;
   ``crd`` and ``rbac`` print generated manifests;
 - the seam to the API server: ``kube`` (the only module that makes HTTP calls);
-- orchestration: ``reconcile`` (one resource, level-triggered), ``controller`` (events -> queue ->
-  workers), ``workqueue``, ``metrics``;
+- I/O collaborators of one reconcile, one job each: ``probe_jobs`` and ``calibration_jobs`` (the
+  Jobs that answer, with ``shared_jobs``), ``applier`` (apply and prune children),
+  ``status_writer`` (the status write), ``event_poster`` (delivers the Events ``status`` builds);
+- orchestration: ``reconcile`` (the pass of one resource, level-triggered, composing the
+  collaborators), ``controller`` (events -> queue -> workers), ``workqueue``, ``metrics``;
 - adapters: ``handlers`` (kopf), ``state`` (what kopf's memo holds), ``cli``, ``logs``.
 """
 

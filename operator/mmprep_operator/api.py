@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from mmprep_runtime.contract import ProbeAnswer
@@ -474,3 +474,16 @@ class MultimodalPreprocessor(_Model):
 
     spec: MultimodalPreprocessorSpec
     status: MultimodalPreprocessorStatus | None = None
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """A spec's validation errors as one line, each at its path under ``spec``; at most five.
+
+    Next to the models because the paths it prints are theirs; the reconciler's InvalidSpec
+    condition and ``mmprep-operator render`` both say it, so they say it alike.
+    """
+    parts = []
+    for e in error.errors()[:5]:
+        where = ".".join(str(p) for p in e["loc"]) or "spec"
+        parts.append(f"spec.{where}: {e['msg']}" if where != "spec" else e["msg"])
+    return "; ".join(parts)

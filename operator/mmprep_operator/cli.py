@@ -17,7 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmprep_operator import __version__, api, crd, rbac, yamlio
-from mmprep_operator.config import OperatorPolicy, PolicyError, load_policy
+from mmprep_operator.config import (
+    DEFAULT_LIVENESS_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_URGENT_WORKERS,
+    DEFAULT_WORKERS,
+    OperatorPolicy,
+    PolicyError,
+    load_policy,
+)
 
 EXIT_USAGE = 2
 
@@ -54,9 +62,7 @@ def _load_resource(path: str) -> tuple[dict[str, Any], api.MultimodalPreprocesso
     try:
         spec = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
     except ValidationError as e:
-        from mmprep_operator.reconcile import describe_validation_error
-
-        raise UsageError(f"{path}: invalid {api.KIND}: {describe_validation_error(e)}") from e
+        raise UsageError(f"{path}: invalid {api.KIND}: {api.describe_validation_error(e)}") from e
     return body, spec
 
 
@@ -187,21 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces (the default)")
     run.add_argument("--policy-file", metavar="FILE", help="operator policy YAML (image, overrides, probe defaults)")
     run.add_argument("--default-image", metavar="IMAGE", help="runtime image when a resource names none (wins over the policy file)")
-    run.add_argument("--metrics-port", type=int, default=8000, metavar="PORT", help="Prometheus metrics port; 0 disables (default 8000)")
     run.add_argument(
-        "--liveness-port", "--health-port", dest="liveness_port", type=int, default=8081, metavar="PORT",
-        help="liveness endpoint port, served at /healthz; 0 disables (default 8081)",
+        "--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="PORT",
+        help="Prometheus metrics port; 0 disables (default %(default)s)",
+    )
+    run.add_argument(
+        "--liveness-port", "--health-port", dest="liveness_port", type=int, default=DEFAULT_LIVENESS_PORT, metavar="PORT",
+        help="liveness endpoint port, served at /healthz; 0 disables (default %(default)s)",
     )
     run.add_argument("--bind-address", default="0.0.0.0", metavar="ADDR", help="address for metrics and liveness (default 0.0.0.0)")
-    # Reconciles wait on the API server, not the CPU: a few in parallel keep node-change reactions
-    # fast when many resources share the changed nodes.
-    run.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reconciles (default 4)")
+    run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N", help="concurrent reconciles (default %(default)s)")
     run.add_argument(
         "--urgent-workers",
         type=int,
-        default=8,
+        default=DEFAULT_URGENT_WORKERS,
         metavar="N",
-        help="more concurrent reconciles for node changes only, mostly status writes (default 8)",
+        help="more concurrent reconciles for node changes only, mostly status writes (default %(default)s)",
     )
     run.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else KUBECONFIG or ~/.kube/config)")
     run.add_argument("--context", metavar="NAME", help="kubeconfig context")

@@ -8,7 +8,7 @@ A resource's own ``spec.workers.overrides`` win over these.
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,6 +19,21 @@ from mmprep_operator import __version__
 from mmprep_operator.api import Platform, Quantity, WorkerOverride
 
 DEFAULT_RUNTIME_IMAGE = f"mmprep-runtime:{__version__}"
+
+# How one operator process runs. Stated once here: ``mmprep-operator run``'s flags default to
+# these and so does ``controller.Controller``, so a controller built without the CLI (tests, an
+# embedding) behaves like the command.
+#: Concurrent reconciles. They wait on the API server, not the CPU: a few in parallel keep
+#: node-change reactions fast when many resources share the changed nodes.
+DEFAULT_WORKERS: Final = 4
+#: More workers that take only node-triggered passes (mostly one status write each), so a node
+#: change reaches every affected status quickly without running more applies at once.
+DEFAULT_URGENT_WORKERS: Final = 8
+#: A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).
+DEFAULT_RESYNC_SECONDS: Final = 300.0
+#: Prometheus /metrics port, and the liveness endpoint's (/healthz); 0 disables either.
+DEFAULT_METRICS_PORT: Final = 8000
+DEFAULT_LIVENESS_PORT: Final = 8081
 
 
 class _Strict(BaseModel):
@@ -82,8 +97,7 @@ class OperatorPolicy(_Strict):
     overrides: list[WorkerOverride] = Field(default_factory=list)
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
     calibration: CalibrationDefaults = Field(default_factory=CalibrationDefaults)
-    # A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).
-    resync_seconds: float = Field(300.0, alias="resyncSeconds", gt=0)
+    resync_seconds: float = Field(DEFAULT_RESYNC_SECONDS, alias="resyncSeconds", gt=0)
 
 
 class PolicyError(ValueError):

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from mmprep_operator import api, naming, probe, render
 from mmprep_operator.children import ChildStore
+from mmprep_operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_URGENT_WORKERS, DEFAULT_WORKERS
 from mmprep_operator.kube import ApiError
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.nodes import NodeFacts, eligible, node_facts
@@ -46,12 +47,12 @@ Key = tuple[str, str]  # (namespace, name)
 @dataclasses.dataclass
 class Controller:
     metrics: Metrics
-    resync_seconds: float = 300.0
-    workers: int = 2
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    workers: int = DEFAULT_WORKERS
     #: More workers that take urgent (node-triggered) keys only. Those passes are mostly one
     #: status write each (``Reconciler.report_first``), so more of them in flight shortens the
     #: reaction to a node change without running more applies at once.
-    urgent_workers: int = 0
+    urgent_workers: int = DEFAULT_URGENT_WORKERS
     queue: WorkQueue[Key] = dataclasses.field(default_factory=WorkQueue)
     backoff: Backoff[Key] = dataclasses.field(default_factory=Backoff)
     reconciler: Reconciler | None = None

@@ -6,7 +6,7 @@ Unit tests substitute an in-memory fake. Credentials come from the kubernetes cl
 loaders (KUBECONFIG or in-cluster), which also refresh expiring tokens.
 
 Conflicts: server-side apply surfaces a field owned by another manager as ``Conflict``; the
-reconciler then forces only objects its resource controls (see ``reconcile._apply``). Creating an
+reconciler then forces only objects its resource controls (see ``applier.ChildApplier.apply``). Creating an
 object that exists returns the existing one; optimistic-concurrency patches (adding an owner to a
 shared probe Job, a status written from the watch's copy of a resource) surface ``Conflict`` for
 the caller to retry.
@@ -53,6 +53,13 @@ class ApiError(Exception):
     def permanent(self) -> bool:
         """The request itself is wrong (invalid object, forbidden): retrying unchanged will not help."""
         return self.status in (400, 403, 404, 405, 415, 422)
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted (with everything in it)."""
+        # The API server's NamespaceLifecycle admission answers 403 with this wording; there is no
+        # separate reason code for it.
+        return self.status == 403 and "because it is being terminated" in self.message
 
 
 class Conflict(ApiError):

@@ -183,3 +183,33 @@ def pool_arch(pool: Pool) -> str | None:
     if pool.gpu is not None and pool.gpu.model in ARM64_GPU_MODELS:
         return ARM64
     return pool.node_arch
+
+
+@dataclasses.dataclass
+class PoolingMemo:
+    """``group`` over the current nodes, memoized per placement until any node fact changes.
+
+    One node event requeues every resource that could use the node; they mostly share their
+    placement (selector, tolerations, affinity, GPU resource), so they share one grouping
+    instead of each regrouping all nodes. Comparing the node list with the one grouped last is
+    cheap (identity first, then the small frozen facts) and needs no version kept in step with
+    the node index. No I/O: the caller hands in the nodes.
+    """
+
+    #: Placements kept at most; beyond that the memo starts over.
+    size: int = 256
+    #: The nodes the memoized poolings were grouped from.
+    nodes: list[NodeFacts] = dataclasses.field(default_factory=list)
+    _poolings: dict[str, Pooling] = dataclasses.field(default_factory=dict)
+
+    def pooling_for(self, nodes: list[NodeFacts], spec: MultimodalPreprocessorSpec) -> Pooling:
+        if nodes != self.nodes:
+            self.nodes = nodes
+            self._poolings.clear()
+        key = placement_key(spec)
+        pooling = self._poolings.get(key)
+        if pooling is None:
+            if len(self._poolings) >= self.size:
+                self._poolings.clear()
+            pooling = self._poolings[key] = group(nodes, spec)
+        return pooling

@@ -30,7 +30,7 @@ class OperatorState:
         self.api = await RestKubeApi.connect(self.kubeconfig, self.context)
         self.controller.start(
             Reconciler(
-                api=self.api,
+                kube=self.api,
                 policy=self.policy,
                 nodes=nodes,
                 metrics=self.metrics,

@@ -1,5 +1,9 @@
 """Fold what a reconcile saw and decided into the resource's status, and the Events that tell it.
 
+The Events are chosen here (``events``) and their bodies built here too (``event_body``), so
+what an Event says is decided and tested without an API server; ``event_poster`` only
+delivers them.
+
 Pure: (previous status, observations, now) -> new status. Conditions follow Kubernetes
 conventions: ``lastTransitionTime`` moves only when ``status`` changes, every condition carries
 the generation it was computed for, and the four types always exist:
@@ -15,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from mmprep_operator import api
+from mmprep_operator import api, render
 from mmprep_operator.decide import PoolDecision, sentence
+from mmprep_operator.naming import short_hash
 from mmprep_operator.pools import pool_arch
 
 READY, PROBED, CLONEABLE, DEGRADED = "Ready", "Probed", "Cloneable", "Degraded"
@@ -286,3 +291,44 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         # Pods that cannot run (no node fits, the runtime exits): what `kubectl describe` shows first.
         out.append(EventSpec("Warning", c.reason, c.message))
     return out
+
+
+#: The API server refuses longer Event messages.
+EVENT_MESSAGE_LIMIT = 1024
+
+
+def event_body(
+    owner: render.Owner, event: EventSpec, *, resource_version: str | None, instance: str, now: datetime
+) -> dict[str, Any]:
+    """The core/v1 Event that tells ``event`` about ``owner`` (at ``resource_version``, if known).
+
+    Its name is derived from what it says: posting the same Event again meets the existing
+    object and becomes a count bump there (see ``kube.post_event``), not a new object per pass.
+    ``instance`` names the operator instance that posts it (its pod name in a cluster).
+    """
+    stamp = timestamp(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{owner.name}.{short_hash(f'{owner.uid}/{event.reason}/{event.message}', 16)}",
+            "namespace": owner.namespace,
+        },
+        "involvedObject": {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "uid": owner.uid,
+            **({"resourceVersion": resource_version} if resource_version else {}),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:EVENT_MESSAGE_LIMIT],
+        "source": {"component": render.MANAGED_BY},
+        "reportingComponent": render.MANAGED_BY,
+        "reportingInstance": instance,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

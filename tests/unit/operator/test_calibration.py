@@ -39,7 +39,7 @@ class Cluster:
             self.nodes.append(make_node("h200-a", H200, gpus=8))
         self.now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
         self.reconciler = Reconciler(
-            api=self.api, policy=policy or OperatorPolicy(), nodes=lambda: self.nodes, metrics=Metrics(), clock=lambda: self.now
+            kube=self.api, policy=policy or OperatorPolicy(), nodes=lambda: self.nodes, metrics=Metrics(), clock=lambda: self.now
         )
 
     async def reconcile(self, name: str = "m"):

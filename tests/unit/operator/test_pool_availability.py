@@ -187,7 +187,7 @@ def test_the_scheduler_and_the_container_say_why_a_pool_has_no_ready_pods() -> N
 class Cluster:
     def __init__(self, policy: OperatorPolicy | None = None) -> None:
         self.api = FakeKubeApi()
-        self.reconciler = Reconciler(api=self.api, policy=policy or OperatorPolicy(), nodes=lambda: NODES, metrics=Metrics())
+        self.reconciler = Reconciler(kube=self.api, policy=policy or OperatorPolicy(), nodes=lambda: NODES, metrics=Metrics())
 
     async def settle(self, spec: dict[str, Any]) -> None:
         self.api.add_resource("m", spec)

@@ -27,7 +27,7 @@ class Cluster:
         self.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", GB300, gpus=4)]
         self.metrics = Metrics()
         self.now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        self.reconciler = Reconciler(api=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
+        self.reconciler = Reconciler(kube=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
 
     async def reconcile(self, name: str = "m"):
         return await self.reconciler.reconcile("ns", name)
@@ -299,14 +299,15 @@ async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(clus
 
 
 def test_the_probe_cache_is_bounded(cluster: Cluster) -> None:
-    from mmprep_operator import reconcile
     from mmprep_operator.api import ProbeResult
+    from mmprep_operator.shared_jobs import CACHE_SIZE
 
     result = ProbeResult(cloneable=True)
-    for i in range(reconcile._PROBE_CACHE_SIZE + 5):
-        cluster.reconciler._remember(("ns", f"h{i}"), result)
-    assert len(cluster.reconciler.probe_cache) == reconcile._PROBE_CACHE_SIZE
-    assert ("ns", "h0") not in cluster.reconciler.probe_cache and ("ns", "h1028") in cluster.reconciler.probe_cache
+    probes = cluster.reconciler.probes
+    for i in range(CACHE_SIZE + 5):
+        probes.remember(("ns", f"h{i}"), result)
+    assert len(probes.cache) == CACHE_SIZE
+    assert ("ns", "h0") not in probes.cache and ("ns", f"h{CACHE_SIZE + 4}") in probes.cache
 
 
 async def test_a_resource_being_deleted_is_left_to_the_garbage_collector(cluster: Cluster) -> None:
@@ -531,7 +532,7 @@ async def test_a_probe_is_not_started_from_the_watch_copy(cluster: Cluster) -> N
 
 
 async def test_events_in_the_background_follow_the_status_write_in_order(cluster: Cluster) -> None:
-    cluster.reconciler.events_in_background = True
+    cluster.reconciler.events.background = True
     gate = asyncio.Event()
     real_post = cluster.api.post_event
 
@@ -552,7 +553,7 @@ async def test_events_in_the_background_follow_the_status_write_in_order(cluster
 
 
 async def test_closing_gives_up_on_events_that_never_get_through(cluster: Cluster) -> None:
-    cluster.reconciler.events_in_background = True
+    cluster.reconciler.events.background = True
 
     async def hanging_post(event: dict) -> None:
         await asyncio.Event().wait()
@@ -563,4 +564,4 @@ async def test_closing_gives_up_on_events_that_never_get_through(cluster: Cluste
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
     await asyncio.wait_for(cluster.reconcile(), 5)
     await asyncio.wait_for(cluster.reconciler.close(timeout=0.01), 5)
-    assert cluster.reconciler._event_poster is None
+    assert not cluster.reconciler.events.running

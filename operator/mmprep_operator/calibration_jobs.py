@@ -1,0 +1,103 @@
+"""Each pool's calibration for a resource: from its status, from memory, or from its Job.
+
+A calibration Job (see ``calibration``) measures one pool's throughput per worker count on one
+of its nodes. Like the probe's, a settled answer depends only on its hash, so it is looked up
+in the cheapest place first. ``of`` works through the pools in order and answers None as soon
+as a pool's answer needs its Job while the caller may not read Jobs (``read_jobs`` false: the
+pass started from the watch's copy of the resource, and a Job is never created for a stale
+spec). The caller then reads the resource and calls again; no exception crosses the modules.
+
+Neighbours: ``calibration`` renders the Job, decides which pools need one and reads its outcome
+(pure); ``shared_jobs`` shares it and bounds the cache; ``reconcile`` re-plans with the
+measured counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+from mmprep_operator import api, calibration, jobs, pools, render, status
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.kube import KubeApi
+from mmprep_operator.plan import Plan
+from mmprep_operator.shared_jobs import created_by, remember, share_job
+
+log = logging.getLogger("mmprep.operator.calibration_jobs")
+
+
+@dataclasses.dataclass
+class CalibrationJobs:
+    kube: KubeApi
+    policy: OperatorPolicy
+    clock: Callable[[], dt.datetime]
+    #: Settled calibrations per (namespace, calibration hash); also kept in each resource's status.
+    cache: dict[tuple[str, str], api.PoolCalibration] = dataclasses.field(default_factory=dict)
+
+    async def of(
+        self,
+        owner: render.Owner,
+        spec: api.MultimodalPreprocessorSpec,
+        rule_plan: Plan,
+        previous: api.MultimodalPreprocessorStatus | None,
+        recalibrate: str | None,
+        *,
+        read_jobs: bool,
+    ) -> dict[str, api.PoolCalibration] | None:
+        """Each pool's calibration; None when one needs its Job and ``read_jobs`` is false.
+
+        ``rule_plan`` is the plan without measurements: a pool whose count a rule above
+        ``Measured`` decides (cloneability, an explicit count, an override) is not measured.
+        """
+        before = {p.name: p.calibration for p in (previous.pools if previous is not None else ()) if p.calibration}
+        out: dict[str, api.PoolCalibration] = {}
+        for d in rule_plan.decisions:
+            pool = d.pool
+            hash_ = calibration.calibration_hash(spec, self.policy, pool, recalibrate)
+            skip = calibration.not_needed_reason(d.decision)
+            unavailable = calibration.unavailable_reason(spec, self.policy, pool)
+            if skip is not None:
+                out[pool.name] = api.PoolCalibration(hash=hash_, state="NotNeeded", reason=calibration.NOT_NEEDED, message=skip)
+            elif unavailable is not None:
+                out[pool.name] = api.PoolCalibration(
+                    hash=hash_, state="Unavailable", reason=calibration.UNAVAILABLE, message=unavailable
+                )
+            elif (known := self._known(owner, hash_, before.get(pool.name))) is not None:
+                out[pool.name] = known
+            elif read_jobs:
+                out[pool.name] = await self._read(owner, spec, pool, hash_)
+            else:
+                return None
+        return out
+
+    def _known(self, owner: render.Owner, hash_: str, previous: api.PoolCalibration | None) -> api.PoolCalibration | None:
+        key = (owner.namespace, hash_)
+        if previous is not None and previous.hash == hash_ and calibration.settled(previous.state):
+            self.cache.setdefault(key, previous)
+            return previous
+        return self.cache.get(key)
+
+    async def _read(
+        self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, pool: pools.Pool, hash_: str
+    ) -> api.PoolCalibration:
+        name = calibration.job_name(hash_)
+        job = await self.kube.get_job(owner.namespace, name)
+        if job is None:
+            node = calibration.node_for(pool)
+            assert node is not None  # unavailable_reason() rules out a pool without nodes
+            job = await self.kube.create_job(calibration.render_job(owner, spec, self.policy, pool, node, hash_))
+            if created_by(job, owner):
+                log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
+        else:
+            await share_job(self.kube, owner, job)
+        selector = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
+        pods = await self.kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
+        outcome = calibration.read_outcome(job, pods)
+        result = calibration.pool_calibration(
+            hash_, outcome, job=name, node=selector.get(calibration.HOSTNAME_LABEL), measured_at=status.timestamp(self.clock())
+        )
+        if calibration.settled(result.state):
+            remember(self.cache, (owner.namespace, hash_), result)
+        return result

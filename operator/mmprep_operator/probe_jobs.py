@@ -1,0 +1,80 @@
+"""The probe's answer for a resource: from its status, from memory, or from its probe Job.
+
+The probe Job (see ``probe``) loads the resource's processor once and says whether it can be
+cloned; its answer depends only on the probe hash, so it is looked up in the cheapest place
+first, in two steps the reconcile pass calls separately:
+
+- ``known``: the answer the resource's status already holds for this hash (a success, or a
+  failure that stays until something it depends on changes), or one in this process's cache.
+  No API call, so a pass started from the watch's copy of the resource can use it;
+- ``read``: the probe Job itself, created when missing and shared when another resource of the
+  namespace created it. Only a pass that read the resource from the API calls it, so a Job is
+  never created for a stale spec; the pass, not this module, decides that.
+
+Neighbours: ``probe`` renders the Job and reads its outcome (pure); ``shared_jobs`` shares it and
+bounds the cache; ``reconcile`` composes the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from mmprep_operator import api, jobs, probe, render
+from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.kube import KubeApi
+from mmprep_operator.metrics import Metrics
+from mmprep_operator.shared_jobs import created_by, remember, share_job
+
+log = logging.getLogger("mmprep.operator.probe_jobs")
+
+
+@dataclasses.dataclass
+class ProbeJobs:
+    kube: KubeApi
+    policy: OperatorPolicy
+    metrics: Metrics
+    #: Successful answers per (namespace, probe hash); also in each resource's status and Job.
+    cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
+
+    def known(
+        self, owner: render.Owner, hash_: str, previous: api.MultimodalPreprocessorStatus | None
+    ) -> api.ProbeStatus | None:
+        """The probe's state when it needs no API call; None: only its Job can tell."""
+        if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
+            if previous.probe.state == "Succeeded" and previous.probe.result is not None:
+                self.remember((owner.namespace, hash_), previous.probe.result)
+                return previous.probe
+            if previous.probe.state == "Failed":
+                # A failed probe stays failed until something it depends on changes (or the user
+                # sets the mmprep.dev/reprobe annotation): no retry storm on a broken model.
+                return previous.probe
+        cached = self.cache.get((owner.namespace, hash_))
+        if cached is not None:
+            return api.ProbeStatus(hash=hash_, job=probe.job_name(hash_), state="Succeeded", result=cached)
+        return None
+
+    async def read(self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str) -> api.ProbeStatus:
+        """The probe's state from its Job, which is created (or shared) here."""
+        job_name = probe.job_name(hash_)
+        job = await self.kube.get_job(owner.namespace, job_name)
+        if job is None:
+            job = await self.kube.create_job(probe.render_job(owner, spec, self.policy, hash_))
+            if created_by(job, owner):
+                self.metrics.probe_jobs.inc()
+                log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
+            else:
+                await share_job(self.kube, owner, job)
+        else:
+            # Created by another resource with the same probe hash: share it (a no-op if we own it).
+            await share_job(self.kube, owner, job)
+        pods = await self.kube.list_pods(owner.namespace, f"job-name={job_name}") if jobs.finished(job) else []
+        outcome = probe.read_outcome(job, pods)
+        if outcome.state == "Succeeded" and outcome.result is not None:
+            self.remember((owner.namespace, hash_), outcome.result)
+        return api.ProbeStatus(
+            hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
+        )
+
+    def remember(self, key: tuple[str, str], result: api.ProbeResult) -> None:
+        remember(self.cache, key, result)

@@ -1,0 +1,61 @@
+"""What the probe and calibration Job readers share: Jobs owned by several resources, bounded caches.
+
+A probe or calibration Job is named by the hash of its inputs, so resources of one namespace
+that would run the same Job run it once: the first creates it, the others add themselves as
+owners (``share_job``), and the garbage collector removes it only when all of them are gone.
+Their answers are kept per (namespace, hash) in a cache bounded like a small LRU
+(``remember``): an answer is also kept in each resource's status and in the Job, so a lost
+entry costs one read, never a wrong answer.
+
+Neighbours: ``probe_jobs`` and ``calibration_jobs`` read their Jobs through these; ``kube`` is
+the API seam they call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+from mmprep_operator import render
+from mmprep_operator.kube import Conflict, KubeApi
+
+log = logging.getLogger("mmprep.operator.shared_jobs")
+
+#: Entries per answer cache: one per distinct model (and pool) per namespace in use.
+CACHE_SIZE: Final = 1024
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def remember(cache: dict[_K, _V], key: _K, value: _V, *, size: int = CACHE_SIZE) -> None:
+    """Put ``value`` in ``cache`` as its newest entry; beyond ``size`` entries the oldest goes."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > size:
+        cache.pop(next(iter(cache)))
+
+
+def created_by(job: Mapping[str, Any], owner: render.Owner) -> bool:
+    """The Job lists ``owner`` as an owner: after ``create_job``, whether this resource created it.
+
+    ``create_job`` answers with the existing Job when another resource won the race to create it.
+    """
+    return any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ())
+
+
+async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) -> None:
+    """Add the resource as an owner of a Job another resource created (GC needs all owners gone)."""
+    meta = job.get("metadata") or {}
+    owners = list(meta.get("ownerReferences") or ())
+    if not owner.uid or any(o.get("uid") == owner.uid for o in owners):
+        return
+    try:
+        await kube.set_job_owners(
+            owner.namespace, meta["name"], [*owners, owner.reference(controller=False)], str(meta.get("resourceVersion", ""))
+        )
+    except Conflict:
+        # Someone else changed the Job meanwhile; the next reconcile adds us. Sharing is only
+        # about garbage collection, so it is not worth failing this reconcile for.
+        log.info("job changed while sharing it; will retry", extra={"job": meta.get("name")})
