@@ -170,8 +170,14 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    kubeconfig = Path(subprocess.run([str(REPO / "hack" / "cluster-up.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[-1])
-    bin_dir = Path(subprocess.run([str(REPO / "hack" / "build-control-plane.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[-1])
+    kubeconfig = Path(
+        subprocess.run([str(REPO / "hack" / "cluster-up.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[-1]
+    )
+    bin_dir = Path(
+        subprocess.run(
+            [str(REPO / "hack" / "build-control-plane.sh")], stdout=subprocess.PIPE, text=True, check=True
+        ).stdout.split()[-1]
+    )
     cluster = Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
     for crd in sorted((REPO / "crds").glob("*.yaml")):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
@@ -184,7 +190,12 @@ def main() -> int:
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     wait_for(lambda: kube.core.read_namespaced_service_account("default", namespace), 60, what="default ServiceAccount")
     work = Path(tempfile.mkdtemp(prefix="mmprep-operator-scale-"))
-    results: dict[str, Any] = {"nodes": args.nodes, "products": list(PRODUCTS), "replicas_per_resource": args.replicas, "levels": []}
+    results: dict[str, Any] = {
+        "nodes": args.nodes,
+        "products": list(PRODUCTS),
+        "replicas_per_resource": args.replicas,
+        "levels": [],
+    }
     operator: OperatorProcess | None = None
     try:
         # --- nodes ---------------------------------------------------------------------------
@@ -193,12 +204,14 @@ def main() -> int:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda n: kube.core.create_node(node_body(*n)), names))
         wait_for(
-            lambda: sum(
-                1
-                for n in kube.core.list_node(label_selector=f"{BENCH_LABEL}=true").items
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            )
-            == args.nodes,
+            lambda: (
+                sum(
+                    1
+                    for n in kube.core.list_node(label_selector=f"{BENCH_LABEL}=true").items
+                    if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+                )
+                == args.nodes
+            ),
             300,
             what=f"{args.nodes} KWOK nodes Ready",
             interval=1,
@@ -216,7 +229,12 @@ def main() -> int:
                 cmd += ["--declared-workers", str(declared)]
             subprocess.run(cmd, check=True, capture_output=True)
             models.append(out)
-        operator = OperatorProcess(cluster, log_dir=work, namespaces=[namespace], extra_args=["--workers", str(args.operator_workers), "--log-format", "text"])
+        operator = OperatorProcess(
+            cluster,
+            log_dir=work,
+            namespaces=[namespace],
+            extra_args=["--workers", str(args.operator_workers), "--log-format", "text"],
+        )
         operator.start()
         assert operator.process is not None
         sampler = Sampler(operator.process.pid)
@@ -230,9 +248,13 @@ def main() -> int:
             batch = [f"r{i:03d}" for i in range(created, level)]
             metrics_before = operator.metrics()
             t_apply = time.monotonic()
+
             def create(i: int, name: str) -> None:
                 spec = make_spec(
-                    models[i % len(models)], nodeSelector={BENCH_LABEL: "true"}, resources={"limits": {"nvidia.com/gpu": 1}}, replicas=args.replicas
+                    models[i % len(models)],
+                    nodeSelector={BENCH_LABEL: "true"},
+                    resources={"limits": {"nvidia.com/gpu": 1}},
+                    replicas=args.replicas,
                 )
                 kube.create_mmp(namespace, name, spec)
 
@@ -249,11 +271,18 @@ def main() -> int:
                     interval=0.2,
                 )
                 probes_done = time.monotonic()
-            wait_for(lambda batch=batch: all(n in observer.ready_at for n in batch), 900, what=f"{level} resources Ready", interval=0.5,
-                     describe=lambda batch=batch: f"{sum(n in observer.ready_at for n in batch)} of {len(batch)} Ready")
+            wait_for(
+                lambda batch=batch: all(n in observer.ready_at for n in batch),
+                900,
+                what=f"{level} resources Ready",
+                interval=0.5,
+                describe=lambda batch=batch: f"{sum(n in observer.ready_at for n in batch)} of {len(batch)} Ready",
+            )
             t_ready = max(observer.ready_at[n] for n in batch)
             metrics_after = operator.metrics()
-            reconciles = metric(metrics_after, "mmprep_operator_reconciles_total") - metric(metrics_before, "mmprep_operator_reconciles_total")
+            reconciles = metric(metrics_after, "mmprep_operator_reconciles_total") - metric(
+                metrics_before, "mmprep_operator_reconciles_total"
+            )
             step: dict[str, Any] = {
                 "resources": level,
                 "new_resources": len(batch),
@@ -278,11 +307,19 @@ def main() -> int:
                     key = new if n == node else product
                     expected[key] = expected.get(key, 0) + 1
                 t_patch = time.monotonic()
-                kube.core.patch_node(node, {"metadata": {"labels": {"nvidia.com/gpu.product": new, "nvidia.com/gpu.family": family}}})
+                kube.core.patch_node(
+                    node, {"metadata": {"labels": {"nvidia.com/gpu.product": new, "nvidia.com/gpu.family": family}}}
+                )
                 names[change] = (node, new)
                 everyone = [f"r{i:03d}" for i in range(created)]
-                wait_for(lambda t_patch=t_patch, expected=expected, everyone=everyone: all(observer.first_time(r, t_patch, expected) for r in everyone), 120,
-                         what="every resource reacting to the label change", interval=0.2)
+                wait_for(
+                    lambda t_patch=t_patch, expected=expected, everyone=everyone: all(
+                        observer.first_time(r, t_patch, expected) for r in everyone
+                    ),
+                    120,
+                    what="every resource reacting to the label change",
+                    interval=0.2,
+                )
                 latencies += [observer.first_time(r, t_patch, expected) - t_patch for r in everyone]  # type: ignore[operator]
             step["label_change_reaction_seconds"] = {
                 "samples": len(latencies),
@@ -295,7 +332,8 @@ def main() -> int:
             results["levels"].append(step)
             log(f"step {level}: reaction {step['label_change_reaction_seconds']}, RSS {step['operator_rss_mib']} MiB")
         results["reconcile_duration_mean_ms"] = round(
-            1000 * metric(operator.metrics(), "mmprep_operator_reconcile_duration_seconds_sum")
+            1000
+            * metric(operator.metrics(), "mmprep_operator_reconcile_duration_seconds_sum")
             / max(1.0, metric(operator.metrics(), "mmprep_operator_reconcile_duration_seconds_count")),
             1,
         )
@@ -307,8 +345,12 @@ def main() -> int:
         log("cleaning up the bench namespace and nodes")
         try:
             kube.core.delete_namespace(namespace)
-            wait_for(lambda: not [n for n in kube.core.list_namespace().items if n.metadata.name == namespace], 300,
-                     what="the bench namespace deleted", interval=1)
+            wait_for(
+                lambda: not [n for n in kube.core.list_namespace().items if n.metadata.name == namespace],
+                300,
+                what="the bench namespace deleted",
+                interval=1,
+            )
         except (ApiException, AssertionError) as exc:
             log(f"namespace cleanup incomplete: {exc}")
         if operator:

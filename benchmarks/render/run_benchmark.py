@@ -42,6 +42,7 @@ from mmprep_runtime import testing_media, testing_models, versions
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
+
 def _runtime_benchmark() -> Any:
     """The runtime benchmark's helpers (wrk output parsing, CPU accounting): one implementation."""
     import importlib.util
@@ -77,9 +78,20 @@ end
 
 def chat_body() -> bytes:
     image = base64.b64encode(testing_media.jpeg(*IMAGE_SIZE, seed=1)).decode()
-    return json.dumps({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
-        {"type": "text", "text": "Describe this picture in one sentence."}]}], "max_tokens": 64}).encode()
+    return json.dumps(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
+                        {"type": "text", "text": "Describe this picture in one sentence."},
+                    ],
+                }
+            ],
+            "max_tokens": 64,
+        }
+    ).encode()
 
 
 def post(base: str, body: bytes) -> bytes:
@@ -106,8 +118,17 @@ def process_tree_rss(pid: int) -> int:
 
 
 class Server:
-    def __init__(self, name: str, command: list[str], env: dict[str, str], ready_path: str, body_file: pathlib.Path,
-                 lua: pathlib.Path, connections: int, log: pathlib.Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str],
+        ready_path: str,
+        body_file: pathlib.Path,
+        lua: pathlib.Path,
+        connections: int,
+        log: pathlib.Path,
+    ) -> None:
         self.name, self.ready_path, self.lua, self.connections = name, ready_path, lua, connections
         self.port = int(command[command.index("--port") + 1])
         self.base = f"http://127.0.0.1:{self.port}"
@@ -138,9 +159,22 @@ class Server:
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         done = subprocess.run(
-            ["wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "--latency", "--timeout", "60s",
-             "-s", str(self.lua), self.base],
-            env=self.env, capture_output=True, text=True, check=True,
+            [
+                "wrk",
+                "-t1",
+                f"-c{self.connections}",
+                f"-d{seconds:g}s",
+                "--latency",
+                "--timeout",
+                "60s",
+                "-s",
+                str(self.lua),
+                self.base,
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         elapsed = time.monotonic() - started
         self.settle()
@@ -151,7 +185,8 @@ class Server:
         result["seconds"] = elapsed
         result["wrk_cpu_seconds"] = _RUNTIME.children_cpu_seconds() - wrk_before
         result["other_cpu_seconds"] = max(
-            0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"] - result["wrk_cpu_seconds"])
+            0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"] - result["wrk_cpu_seconds"]
+        )
         result["load_average_before"] = load_before
         result["rss_mb"] = round(process_tree_rss(self.process.pid) / 2**20, 1)
         self.rounds.append(result)
@@ -247,13 +282,15 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
         data = request.images[0].data
         image, identity = timed("decode JPEG", lambda: render.decode_image(data, "image", limits, facts.image_layout))
         text = timed("chat template", lambda: render._prompt_text(processor, request))
-        outputs = timed("processor (resize, patches, tokenize)",
-                        lambda: render._process_tokenizing_once(processor, text, [image], model_facts))
-        items = timed("split into items", lambda: render._items(outputs, 1, None if model_facts.device_normalize
-                                                               else model_facts.dtype))
+        outputs = timed(
+            "processor (resize, patches, tokenize)",
+            lambda: render._process_tokenizing_once(processor, text, [image], model_facts),
+        )
+        items = timed(
+            "split into items", lambda: render._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype)
+        )
         timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
-        rendered = render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}],
-                                   items, request)
+        rendered = render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
         api = render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
         timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
         count += 1
@@ -283,11 +320,12 @@ def markdown(report: dict[str, Any]) -> str:
             )
     lines.append("")
     for mode, pair in report["modes"].items():
-        lines.append(f"- {mode}: mmprep / vLLM throughput **{pair['throughput_ratio']:.2f}x**, "
-                     f"CPU per request {pair['cpu_ratio']:.2f}x of vLLM's")
+        lines.append(
+            f"- {mode}: mmprep / vLLM throughput **{pair['throughput_ratio']:.2f}x**, "
+            f"CPU per request {pair['cpu_ratio']:.2f}x of vLLM's"
+        )
     for mode, stages in report.get("stages_ms", {}).items():
-        lines += ["", f"mmprep's serial CPU ms per request by stage ({mode}, one thread):", "",
-                  "| stage | ms |", "|---|---|"]
+        lines += ["", f"mmprep's serial CPU ms per request by stage ({mode}, one thread):", "", "| stage | ms |", "|---|---|"]
         lines += [f"| {name} | {ms} |" for name, ms in stages.items()]
     return "\n".join(lines) + "\n"
 
@@ -300,10 +338,21 @@ def main() -> int:
     parser.add_argument("--modes", default="uint8,normalized")
     parser.add_argument("--out", default=str(HERE))
     args = parser.parse_args()
-    venv = pathlib.Path(subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True,
-                                       check=True).stdout.strip().splitlines()[-1])
-    vllm_version = subprocess.run([str(venv / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
-                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    venv = pathlib.Path(
+        subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    vllm_version = (
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     modes = [m for m in args.modes.split(",") if m]
     work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-render-bench-"))
     model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")
@@ -312,24 +361,51 @@ def main() -> int:
     body_file.write_bytes(body)
     lua = work / "post.lua"
     lua.write_text(WRK_SCRIPT)
-    vllm_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1"}
+    vllm_env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     servers: dict[str, list[Server]] = {}
     load_start = [round(x, 2) for x in os.getloadavg()]
     try:
         for mode in modes:
             normalized = mode == "normalized"
-            vllm_cmd = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
-                        "--port", str(free_port()), "--mm-processor-cache-gb", "0"]
-            mmprep_cmd = [sys.executable, "-m", "mmprep_runtime.cli", "serve", "--model", str(model),
-                          "--host", "127.0.0.1", "--port", str(free_port()), "--log-level", "WARNING"]
+            vllm_cmd = [
+                str(venv / "bin" / "vllm"),
+                "launch",
+                "render",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
+                "--mm-processor-cache-gb",
+                "0",
+            ]
+            mmprep_cmd = [
+                sys.executable,
+                "-m",
+                "mmprep_runtime.cli",
+                "serve",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
+                "--log-level",
+                "WARNING",
+            ]
             if normalized:
                 vllm_cmd.append("--no-mm-device-do-normalize")
                 mmprep_cmd.append("--normalized-pixels")
             # The same client concurrency for both: enough to keep mmprep's workers and decoders busy.
             servers[mode] = [
-                Server(f"vLLM render", vllm_cmd, vllm_env, "/health", body_file, lua, 4, work / f"vllm-{mode}.log"),
-                Server(f"mmprep", mmprep_cmd, dict(os.environ), "/readyz", body_file, lua, 4, work / f"mmprep-{mode}.log"),
+                Server("vLLM render", vllm_cmd, vllm_env, "/health", body_file, lua, 4, work / f"vllm-{mode}.log"),
+                Server("mmprep", mmprep_cmd, dict(os.environ), "/readyz", body_file, lua, 4, work / f"mmprep-{mode}.log"),
             ]
         for pair in servers.values():
             for server in pair:
@@ -359,8 +435,11 @@ def main() -> int:
         "duration_s": args.duration,
         "rounds": args.rounds,
         "mmprep_workers": f"{workers['processor']} processor ({workers['reason']}), {workers['io']} io",
-        "machine": {"cpus": os.cpu_count(), "load_average_start": load_start,
-                    "load_average_end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_start": load_start,
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "versions": {**versions.versions(), "vllm": vllm_version},
         "modes": {},
     }

@@ -41,8 +41,8 @@ from typing import Any
 import psutil
 
 from mmprep_runtime import bench, cpus, loading, memory, pipeline, testing_media, testing_models, versions
-from mmprep_runtime.policy import Backend
 from mmprep_runtime.settings import Limits
+from mmprep_runtime.sizing import Backend
 
 HERE = pathlib.Path(__file__).resolve().parent
 IMAGE_SIZE = (1280, 960)
@@ -171,8 +171,7 @@ def wait_idle(base: str, timeout: float = 60) -> None:
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             text = response.read().decode()
-        in_flight = next(float(line.split()[1]) for line in text.splitlines()
-                         if line.startswith("mmprep_requests_in_flight "))
+        in_flight = next(float(line.split()[1]) for line in text.splitlines() if line.startswith("mmprep_requests_in_flight "))
         if in_flight == 0:
             return
         time.sleep(0.1)
@@ -202,14 +201,33 @@ def parse_wrk(output: str) -> dict[str, Any]:
 class Server:
     """One ``mmprep-runtime serve`` process under test, and the wrk command that loads it."""
 
-    def __init__(self, model: pathlib.Path, backend: Backend, workers: int, body_file: pathlib.Path,
-                 lua: pathlib.Path, io_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        model: pathlib.Path,
+        backend: Backend,
+        workers: int,
+        body_file: pathlib.Path,
+        lua: pathlib.Path,
+        io_workers: int | None = None,
+    ) -> None:
         self.backend, self.workers = backend, workers
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         command = [
-            *runtime_command(), "serve", "--model", str(model), "--backend", backend.value, "--host", "127.0.0.1",
-            "--port", str(port), "--processor-workers", str(workers), "--log-level", "WARNING",
+            *runtime_command(),
+            "serve",
+            "--model",
+            str(model),
+            "--backend",
+            backend.value,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--processor-workers",
+            str(workers),
+            "--log-level",
+            "WARNING",
         ]
         if io_workers is not None:
             command += ["--io-workers", str(io_workers)]
@@ -228,8 +246,18 @@ class Server:
             self.info = json.loads(response.read())
 
     def _wrk(self, seconds: float) -> str:
-        command = ["wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "--latency", "--timeout", "30s",
-                   "-s", str(self.lua), self.base + "/v1/preprocess"]
+        command = [
+            "wrk",
+            "-t1",
+            f"-c{self.connections}",
+            f"-d{seconds:g}s",
+            "--latency",
+            "--timeout",
+            "30s",
+            "-s",
+            str(self.lua),
+            self.base + "/v1/preprocess",
+        ]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, check=True)
         if done.stderr.strip():  # the Lua script reports the first answer of each non-200 status
             print(f"{self.backend.value}/{self.workers}: {done.stderr.strip()}", file=sys.stderr)
@@ -298,9 +326,18 @@ class Server:
             self.process.wait()
 
 
-def http_sweep(model: pathlib.Path, backends: list[Backend], workers: list[int], body_file: pathlib.Path,
-               lua: pathlib.Path, duration: float, warmup: float, rounds: int,
-               serial: dict[str, SerialCost], io_workers: int | None = None) -> list[dict[str, Any]]:
+def http_sweep(
+    model: pathlib.Path,
+    backends: list[Backend],
+    workers: list[int],
+    body_file: pathlib.Path,
+    lua: pathlib.Path,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    serial: dict[str, SerialCost],
+    io_workers: int | None = None,
+) -> list[dict[str, Any]]:
     """All servers up at once (idle ones cost no CPU), measured in interleaved rounds, each round
     after a slice of the serial cost."""
     servers = [Server(model, backend, count, body_file, lua, io_workers) for backend in backends for count in workers]
@@ -316,8 +353,9 @@ def http_sweep(model: pathlib.Path, backends: list[Backend], workers: list[int],
                 print(f"serial cost {round_index + 1}/{rounds}: {backend}", file=sys.stderr)
                 meter.measure(max(2.5, duration / rounds / 2))
             for server in servers:
-                print(f"http round {round_index + 1}/{rounds}: {server.backend.value}, {server.workers} worker(s)",
-                      file=sys.stderr)
+                print(
+                    f"http round {round_index + 1}/{rounds}: {server.backend.value}, {server.workers} worker(s)", file=sys.stderr
+                )
                 server.load(duration / rounds, measure=True)
         return [server.summary() for server in servers]
     finally:
@@ -369,8 +407,10 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "The same without the fast paths (`--no-fast-paths`: transformers' own placeholder check, "
             "token-type ids and tensor conversion of the token ids, GIL-held): "
-            + ", ".join(f"{w} worker(s) {row['req_per_s']:.1f} req/s at {row['cpu_ms_per_request']:.1f} CPU ms/req"
-                        for w, row in sorted(by_workers.items()))
+            + ", ".join(
+                f"{w} worker(s) {row['req_per_s']:.1f} req/s at {row['cpu_ms_per_request']:.1f} CPU ms/req"
+                for w, row in sorted(by_workers.items())
+            )
             + f"; 2 workers / 1 worker: {by_workers[2]['req_per_s'] / by_workers[1]['req_per_s']:.2f}x.",
         ]
     lines += [
@@ -392,8 +432,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{row['efficiency_of_free_cpu'] * 100:.0f}% |"
         )
     best = report["targets"]["http_best_efficiency"]
-    lines += ["", "Best HTTP efficiency against the bound: "
-              + ", ".join(f"{b}: **{e * 100:.0f}%**" for b, e in best.items()) + " (target >= 90%)."]
+    lines += [
+        "",
+        "Best HTTP efficiency against the bound: "
+        + ", ".join(f"{b}: **{e * 100:.0f}%**" for b, e in best.items())
+        + " (target >= 90%).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -402,9 +446,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per HTTP measurement")
-    parser.add_argument("--in-process-rounds", type=int, default=10,
-                        help="interleaved rounds in process: finer slices average out this VM's speed drift, "
-                             "to which the direct-vs-pool overhead (a few percent) is sensitive")
+    parser.add_argument(
+        "--in-process-rounds",
+        type=int,
+        default=10,
+        help="interleaved rounds in process: finer slices average out this VM's speed drift, "
+        "to which the direct-vs-pool overhead (a few percent) is sensitive",
+    )
     parser.add_argument("--io-workers", type=int, default=None, help="serve --io-workers (default: the decision's)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--backends", default="torchvision,pil")
@@ -422,8 +470,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "usable_cpus": cpus.usable_cpus(),
-        "cpu_model": next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text()
-                           .splitlines() if line.startswith("model name")), "unknown"),
+        "cpu_model": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown",
+        ),
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "duration_s": args.duration,
         "versions": versions.versions(),
@@ -443,13 +497,18 @@ def main() -> int:
         print("in process ...", file=sys.stderr)
         machine_before, own_before, wall_before = machine_busy_seconds(), own_cpu_seconds(), time.perf_counter()
         report["in_process"] = bench.run(
-            loading.ModelSettings(str(model), backend=Backend.TORCHVISION), [1, 2], duration=args.duration,
-            size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1, rounds=args.in_process_rounds,
+            loading.ModelSettings(str(model), backend=Backend.TORCHVISION),
+            [1, 2],
+            duration=args.duration,
+            size=IMAGE_SIZE,
+            warmup=args.warmup,
+            intra_op_threads=1,
+            rounds=args.in_process_rounds,
         )
         report["in_process"]["model"] = "make-model --kind qwen2-vl"  # not the scratch folder's path
         report["in_process"]["other_cpu_cores"] = round(
-            (machine_busy_seconds() - machine_before - (own_cpu_seconds() - own_before))
-            / (time.perf_counter() - wall_before), 3)
+            (machine_busy_seconds() - machine_before - (own_cpu_seconds() - own_before)) / (time.perf_counter() - wall_before), 3
+        )
         rows = {row["workers"]: row for row in report["in_process"]["results"]}
         direct = report["in_process"]["direct"]
 
@@ -457,24 +516,28 @@ def main() -> int:
         # difference the GIL-light stand-ins make (mmprep_runtime.fast_paths).
         print("in process, without the fast paths ...", file=sys.stderr)
         report["in_process_library_steps"] = bench.run(
-            loading.ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False), [1, 2],
-            duration=args.duration, size=IMAGE_SIZE, warmup=args.warmup, intra_op_threads=1,
+            loading.ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False),
+            [1, 2],
+            duration=args.duration,
+            size=IMAGE_SIZE,
+            warmup=args.warmup,
+            intra_op_threads=1,
             rounds=args.in_process_rounds,
         )
         report["in_process_library_steps"]["model"] = report["in_process"]["model"]
 
         report["io_workers"] = args.io_workers
         serial = {b.value: SerialCost(model, b, body) for b in backends}
-        report["http"] = http_sweep(model, backends, workers, body_file, lua, args.duration, args.warmup,
-                                    args.rounds, serial, args.io_workers)
+        report["http"] = http_sweep(
+            model, backends, workers, body_file, lua, args.duration, args.warmup, args.rounds, serial, args.io_workers
+        )
         report["serial"] = {b: meter.summary() for b, meter in serial.items()}
         report["bound"] = {b: report["usable_cpus"] / c["total"] for b, c in report["serial"].items()}
         for row in report["http"]:
             row["efficiency"] = round(row["req_per_s"] / report["bound"][row["backend"]], 3)
             # The same bound with only the CPU that other processes left free during the run.
             free = max(0.1, report["usable_cpus"] - row["other_cpu_cores"])
-            row["efficiency_of_free_cpu"] = round(
-                row["req_per_s"] * report["serial"][row["backend"]]["total"] / free, 3)
+            row["efficiency_of_free_cpu"] = round(row["req_per_s"] * report["serial"][row["backend"]]["total"] / free, 3)
     report["targets"] = {
         "pool_2_vs_1": round(rows[2]["req_per_s"] / rows[1]["req_per_s"], 3),
         "pool_overhead": round(1 - rows[1]["req_per_s"] / direct["req_per_s"], 3),

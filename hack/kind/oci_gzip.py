@@ -19,7 +19,8 @@ import json
 import sys
 import tarfile
 import zlib
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 CHUNK = 1 << 20
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -50,12 +51,14 @@ def plan(out_path: str) -> None:
                     digest.update(piece)
                     size += len(piece)
                 layers[member.name] = {"digest": f"sha256:{digest.hexdigest()}", "size": size}
-            elif member.name == "manifest.json" or member.name.endswith(".json") and "/" not in member.name:
+            elif member.name == "manifest.json" or (member.name.endswith(".json") and "/" not in member.name):
                 docs[member.name] = f.read()
     [entry] = json.loads(docs["manifest.json"])
     config = docs[entry["Config"]]
     with open(out_path, "w") as plan_file:
-        json.dump({"config": config.decode(), "layers": [layers[name] for name in entry["Layers"]], "paths": entry["Layers"]}, plan_file)
+        json.dump(
+            {"config": config.decode(), "layers": [layers[name] for name in entry["Layers"]], "paths": entry["Layers"]}, plan_file
+        )
 
 
 def add(archive: tarfile.TarFile, name: str, data: bytes) -> None:

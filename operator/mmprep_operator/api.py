@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from mmprep_runtime.contract import ProbeAnswer
-from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS, Backend, Device
+from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS, Backend, Device
 
 GROUP: Final = "mmprep.dev"
 VERSION: Final = "v1alpha1"
@@ -178,10 +178,15 @@ class ProbeSpec(_Model):
     """The cloneability probe, a Job that loads the processor once in the runtime image."""
 
     timeout_seconds: int | None = Field(
-        None, ge=10, le=86400, description="Deadline of the probe Job (activeDeadlineSeconds); default from the operator policy (300)."
+        None,
+        ge=10,
+        le=86400,
+        description="Deadline of the probe Job (activeDeadlineSeconds); default from the operator policy (300).",
     )
     node_selector: LabelMap | None = Field(None, description="Where the probe pod runs; default spec.nodeSelector.")
-    tolerations: list[FreeForm] | None = Field(None, max_length=64, description="Probe pod tolerations; default spec.tolerations.")
+    tolerations: list[FreeForm] | None = Field(
+        None, max_length=64, description="Probe pod tolerations; default spec.tolerations."
+    )
 
 
 class Resources(_Model):
@@ -263,13 +268,18 @@ class TopologySpread(_Model):
 
     enabled: bool = Field(True, description="Spread each pool's pods over its nodes.")
     topology_key: str = Field(
-        "kubernetes.io/hostname", min_length=1, max_length=316, description="Node label that names a domain (default: one per node)."
+        "kubernetes.io/hostname",
+        min_length=1,
+        max_length=316,
+        description="Node label that names a domain (default: one per node).",
     )
     max_skew: int = Field(1, ge=1, le=1000, description="Largest allowed difference in pod count between two domains.")
     when_unsatisfiable: Literal["ScheduleAnyway", "DoNotSchedule"] = Field(
         "ScheduleAnyway",
         description="ScheduleAnyway (a preference: never leaves a pod Pending) or DoNotSchedule (a hard rule).",
     )
+
+
 #: The HTTP APIs a runtime pod can serve (``spec.api``).
 ServedApi = Literal["mmprep", "vllm-render"]
 
@@ -283,8 +293,12 @@ class MultimodalPreprocessorSpec(_Model):
                 {
                     # has() guards: defaults fill these in, but a rule must not depend on that.
                     "rule": "!(has(self.device) && self.device == 'cuda') || (has(self.resources) && ("
-                    + "(has(self.resources.limits) && " + _CEL_HAS_GPU.format(m="self.resources.limits") + ") || "
-                    + "(has(self.resources.requests) && " + _CEL_HAS_GPU.format(m="self.resources.requests") + ")))",
+                    + "(has(self.resources.limits) && "
+                    + _CEL_HAS_GPU.format(m="self.resources.limits")
+                    + ") || "
+                    + "(has(self.resources.requests) && "
+                    + _CEL_HAS_GPU.format(m="self.resources.requests")
+                    + ")))",
                     "message": "device: cuda needs a GPU resource (e.g. nvidia.com/gpu) in resources.limits",
                 },
                 {
@@ -321,7 +335,10 @@ class MultimodalPreprocessorSpec(_Model):
     tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
     affinity: FreeForm | None = Field(None, description="Pod affinity; required node affinity also limits eligible nodes.")
     runtime_class_name: str | None = Field(
-        None, min_length=1, max_length=253, description="RuntimeClass of the runtime pods (e.g. nvidia), which many GPU clusters require."
+        None,
+        min_length=1,
+        max_length=253,
+        description="RuntimeClass of the runtime pods (e.g. nvidia), which many GPU clusters require.",
     )
     priority_class_name: str | None = Field(None, min_length=1, max_length=253, description="PriorityClass of the runtime pods.")
     topology_spread: TopologySpread = Field(
@@ -404,16 +421,22 @@ class CalibrationPoint(_Model):
 class PoolCalibration(_Model):
     """The calibration run for this pool: where it ran, what it measured, what it chose and why."""
 
-    hash: str = Field(description="Hash of what the measurement depends on (GPU product, image, model, backend, device, resources).")
+    hash: str = Field(
+        description="Hash of what the measurement depends on (GPU product, image, model, backend, device, resources)."
+    )
     job: str | None = Field(None, description="The calibration Job.")
     state: CalibrationState = Field(description="Pending, Running, Succeeded, Failed, Unavailable or NotNeeded.")
-    reason: str = Field(description="Measured, CalibrationPending, CalibrationFailed, CalibrationUnavailable or CalibrationNotNeeded.")
+    reason: str = Field(
+        description="Measured, CalibrationPending, CalibrationFailed, CalibrationUnavailable or CalibrationNotNeeded."
+    )
     message: str = Field("", description="What was chosen and why, or why there is no measurement.")
     node: str | None = Field(None, description="The node the Job ran on.")
     measured_at: str | None = Field(None, description="When the result was read (RFC 3339).")
     curve: list[CalibrationPoint] = Field(default_factory=list, description="Throughput by worker count.")
     chosen_workers: int | None = Field(None, description="The count chosen: the fewest within the tolerance of the best.")
     tolerance: float | None = Field(None, description="The tolerance the choice used.")
+
+
 class PoolProblem(_Model):
     """Why a pool's pods do not run: the scheduler's verdict, a container's last termination, or an
     image that is not built for the pool's architecture."""
@@ -442,8 +465,12 @@ class PoolStatus(_Model):
     replicas: int = Field(description="Desired pods in the pool.")
     ready_replicas: int = Field(0, description="Ready pods in the pool.")
     calibration: PoolCalibration | None = Field(None, description="The pool's calibration, when calibration is on.")
-    arch: str | None = Field(None, description="CPU architecture of the pool's nodes (kubernetes.io/arch) when known; arm64 pools are pinned to it.")
-    problem: PoolProblem | None = Field(None, description="Why the pool's pods are not (all) running: scheduler, image or container.")
+    arch: str | None = Field(
+        None, description="CPU architecture of the pool's nodes (kubernetes.io/arch) when known; arm64 pools are pinned to it."
+    )
+    problem: PoolProblem | None = Field(
+        None, description="Why the pool's pods are not (all) running: scheduler, image or container."
+    )
 
 
 class MultimodalPreprocessorStatus(_Model):
@@ -463,7 +490,9 @@ class MultimodalPreprocessorStatus(_Model):
     path_summary: str | None = Field(None, description="Paths per pool, for kubectl get.")
     worker_summary: str | None = Field(None, description="Processor workers per pool, for kubectl get.")
     ready_summary: str | None = Field(None, description="ready/desired pods, for kubectl get.")
-    calibration_summary: str | None = Field(None, description="Calibration state per pool (measured, pending, failed, ...), for kubectl get -o wide.")
+    calibration_summary: str | None = Field(
+        None, description="Calibration state per pool (measured, pending, failed, ...), for kubectl get -o wide."
+    )
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

@@ -127,7 +127,7 @@ class ChildApplier:
                 except Conflict:
                     if attempt == _APPLY_ATTEMPTS - 1:
                         raise
-                    log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "name": meta["name"]})
+                    log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "object": meta["name"]})
         raise Conflict(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} kept changing during apply")
 
     async def prune(self, owner: render.Owner, keep: frozenset[tuple[str, str]]) -> None:
@@ -139,4 +139,7 @@ class ChildApplier:
                 owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
                 if owned and (kind, meta.get("name")) not in keep:
                     await self.kube.delete_object(api_version, kind, owner.namespace, meta["name"])
-                    log.info("child of a vanished pool deleted", extra={"namespace": owner.namespace, "kind": kind, "name": meta["name"]})
+                    log.info(
+                        "child of a vanished pool deleted",
+                        extra={"namespace": owner.namespace, "kind": kind, "object": meta["name"]},
+                    )

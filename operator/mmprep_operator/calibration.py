@@ -28,12 +28,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime import calibration as runtime_calibration
-from mmprep_runtime.policy import Reason, WorkerDecision
-
 from mmprep_operator import api, jobs, naming, render
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.pools import Pool
+from mmprep_runtime import calibration as runtime_calibration
+from mmprep_runtime.sizing import Reason, WorkerDecision
 
 LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
@@ -98,7 +97,9 @@ def calibration_inputs(
         "resources": spec.resources.wire(),
         "env": render.model_env(spec),
         "measure": [
-            settings.tolerance, max_workers(spec, policy), settings.seconds_per_count,
+            settings.tolerance,
+            max_workers(spec, policy),
+            settings.seconds_per_count,
             spec.workers.calibration_samples or settings.image_sizes,
         ],
         "recalibrate": recalibrate,

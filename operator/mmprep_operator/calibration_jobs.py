@@ -92,7 +92,7 @@ class CalibrationJobs:
                 log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
         else:
             await share_job(self.kube, owner, job)
-        selector = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
+        selector = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
         pods = await self.kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
         outcome = calibration.read_outcome(job, pods)
         result = calibration.pool_calibration(

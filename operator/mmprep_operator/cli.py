@@ -152,7 +152,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = OperatorState(
         policy=policy,
         metrics=metrics,
-        controller=Controller(metrics=metrics, resync_seconds=policy.resync_seconds, workers=args.workers, urgent_workers=args.urgent_workers),
+        controller=Controller(
+            metrics=metrics, resync_seconds=policy.resync_seconds, workers=args.workers, urgent_workers=args.urgent_workers
+        ),
         kubeconfig=args.kubeconfig,
         context=args.context,
     )
@@ -189,20 +191,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the operator (kopf, standalone: one replica)")
     scope = run.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", "-n", action="append", metavar="NS", help="watch this namespace (repeatable; globs allowed)")
+    scope.add_argument(
+        "--namespace", "-n", action="append", metavar="NS", help="watch this namespace (repeatable; globs allowed)"
+    )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces (the default)")
     run.add_argument("--policy-file", metavar="FILE", help="operator policy YAML (image, overrides, probe defaults)")
-    run.add_argument("--default-image", metavar="IMAGE", help="runtime image when a resource names none (wins over the policy file)")
     run.add_argument(
-        "--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="PORT",
+        "--default-image", metavar="IMAGE", help="runtime image when a resource names none (wins over the policy file)"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        metavar="PORT",
         help="Prometheus metrics port; 0 disables (default %(default)s)",
     )
     run.add_argument(
-        "--liveness-port", "--health-port", dest="liveness_port", type=int, default=DEFAULT_LIVENESS_PORT, metavar="PORT",
+        "--liveness-port",
+        "--health-port",
+        dest="liveness_port",
+        type=int,
+        default=DEFAULT_LIVENESS_PORT,
+        metavar="PORT",
         help="liveness endpoint port, served at /healthz; 0 disables (default %(default)s)",
     )
-    run.add_argument("--bind-address", default="0.0.0.0", metavar="ADDR", help="address for metrics and liveness (default 0.0.0.0)")
-    run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N", help="concurrent reconciles (default %(default)s)")
+    run.add_argument(
+        "--bind-address", default="0.0.0.0", metavar="ADDR", help="address for metrics and liveness (default 0.0.0.0)"
+    )
+    run.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, metavar="N", help="concurrent reconciles (default %(default)s)"
+    )
     run.add_argument(
         "--urgent-workers",
         type=int,

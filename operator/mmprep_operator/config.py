@@ -13,10 +13,9 @@ from typing import Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS
-
 from mmprep_operator import __version__
 from mmprep_operator.api import Platform, Quantity, WorkerOverride
+from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS
 
 DEFAULT_RUNTIME_IMAGE = f"mmprep-runtime:{__version__}"
 
@@ -73,7 +72,10 @@ class CalibrationDefaults(_Strict):
     # Per worker count: 3 interleaved rounds of 4 s each measure 1..4 workers in about a minute.
     seconds_per_count: float = Field(12.0, alias="secondsPerCount", gt=0, le=600)
     image_sizes: list[str] = Field(
-        default_factory=lambda: ["1280x960"], alias="imageSizes", min_length=1, max_length=8,
+        default_factory=lambda: ["1280x960"],
+        alias="imageSizes",
+        min_length=1,
+        max_length=8,
     )
     timeout_seconds: int = Field(900, alias="timeoutSeconds", ge=30, le=86400)
     ttl_seconds_after_finished: int = Field(3600, alias="ttlSecondsAfterFinished", ge=0)

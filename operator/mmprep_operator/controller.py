@@ -145,7 +145,8 @@ class Controller:
         if self.urgent_workers:
             self.queue.serve_urgent_only()
             self._tasks += [
-                asyncio.create_task(self._work(urgent_only=True), name=f"mmprep-urgent-worker-{i}") for i in range(self.urgent_workers)
+                asyncio.create_task(self._work(urgent_only=True), name=f"mmprep-urgent-worker-{i}")
+                for i in range(self.urgent_workers)
             ]
         self._tasks.append(asyncio.create_task(self._resync(), name="mmprep-resync"))
 

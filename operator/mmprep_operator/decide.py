@@ -1,4 +1,4 @@
-"""Per-pool decisions: feed the shared decision function (``mmprep_runtime.policy``) the facts.
+"""Per-pool decisions: feed the shared decision function (``mmprep_runtime.sizing``) the facts.
 
 This module does not decide anything itself. It answers the questions the shared function asks:
 is a GPU available to the pod in this pool, and which per-GPU override (if any) applies. Override
@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from mmprep_runtime.policy import Device, Path, WorkerDecision, decide_path, decide_workers, is_worker_count, Reason
-
 from mmprep_operator.api import MultimodalPreprocessorSpec, ProbeResult, WorkerOverride
 from mmprep_operator.pools import Pool
+from mmprep_runtime.sizing import Device, Path, Reason, WorkerDecision, decide_path, decide_workers, is_worker_count
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import Any
 import kopf
 
 from mmprep_operator import api, render
+from mmprep_operator.calibration import LABEL_COMPONENT_CALIBRATION
 from mmprep_operator.controller import Controller, nodes_from_index
 from mmprep_operator.kube import bearer_token, load_configuration
 from mmprep_operator.nodes import node_facts
-from mmprep_operator.calibration import LABEL_COMPONENT_CALIBRATION
 from mmprep_operator.probe import LABEL_COMPONENT_PROBE
 from mmprep_operator.state import OperatorState
 

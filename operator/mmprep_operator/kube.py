@@ -73,8 +73,7 @@ class ForeignObject(ApiError):
         super().__init__(
             409,
             "AlreadyExists",
-            f"{kind} {namespace}/{name} exists and is not managed by this resource; "
-            "rename the resource or remove that object",
+            f"{kind} {namespace}/{name} exists and is not managed by this resource; rename the resource or remove that object",
         )
 
     @property
@@ -95,9 +94,7 @@ class KubeApi(Protocol):
     async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]: ...
-    async def set_job_owners(
-        self, namespace: str, name: str, owners: list[dict[str, Any]], resource_version: str
-    ) -> None: ...
+    async def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]], resource_version: str) -> None: ...
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     async def post_event(self, event: Mapping[str, Any]) -> None: ...
 
@@ -255,7 +252,9 @@ class RestKubeApi:
 
     async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         path = f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
-        await self._call("DELETE", path, body={"propagationPolicy": "Background"}, content_type="application/json", missing_ok=True)
+        await self._call(
+            "DELETE", path, body={"propagationPolicy": "Background"}, content_type="application/json", missing_ok=True
+        )
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", f"{collection_path('batch/v1', 'Job', namespace)}/{quote(name)}", missing_ok=True)
@@ -263,7 +262,12 @@ class RestKubeApi:
     async def create_job(self, job: Mapping[str, Any]) -> dict[str, Any]:
         meta = job["metadata"]
         try:
-            return await self._call("POST", collection_path("batch/v1", "Job", meta["namespace"]), body=job, content_type="application/json") or {}
+            return (
+                await self._call(
+                    "POST", collection_path("batch/v1", "Job", meta["namespace"]), body=job, content_type="application/json"
+                )
+                or {}
+            )
         except Conflict:
             # Another resource with the same probe hash created it first: share it.
             existing = await self.get_job(meta["namespace"], meta["name"])

@@ -17,22 +17,29 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.reconciles = Counter(
-            "mmprep_operator_reconciles", "Reconciles of MultimodalPreprocessor resources, by outcome.", ["outcome"],
+            "mmprep_operator_reconciles",
+            "Reconciles of MultimodalPreprocessor resources, by outcome.",
+            ["outcome"],
             registry=self.registry,
         )
         self.duration = Histogram(
-            "mmprep_operator_reconcile_duration_seconds", "Time one reconcile took.", registry=self.registry,
+            "mmprep_operator_reconcile_duration_seconds",
+            "Time one reconcile took.",
+            registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.resources = Gauge(
-            "mmprep_operator_resources", "MultimodalPreprocessor resources by condition and status.",
-            ["condition", "status"], registry=self.registry,
+            "mmprep_operator_resources",
+            "MultimodalPreprocessor resources by condition and status.",
+            ["condition", "status"],
+            registry=self.registry,
         )
         self.probe_jobs = Counter("mmprep_operator_probe_jobs_created", "Probe Jobs created.", registry=self.registry)
         self.reads = Counter(
             "mmprep_operator_resource_reads",
             "Reconcile passes by where they read their resource: the watch's copy, or the API (a GET).",
-            ["source"], registry=self.registry,
+            ["source"],
+            registry=self.registry,
         )
         self.queue_depth = Gauge("mmprep_operator_queue_depth", "Resources waiting for a reconcile.", registry=self.registry)
         for outcome in OUTCOMES:

@@ -70,10 +70,7 @@ def node_facts(body: Mapping[str, Any]) -> NodeFacts:
     return NodeFacts(
         name=metadata.get("name", ""),
         labels=tuple(sorted((metadata.get("labels") or {}).items())),
-        taints=tuple(
-            Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
-            for t in spec.get("taints") or ()
-        ),
+        taints=tuple(Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in spec.get("taints") or ()),
         unschedulable=bool(spec.get("unschedulable")),
         gpus=tuple(sorted((k, _count(v)) for k, v in allocatable.items() if is_gpu_resource(k))),
     )

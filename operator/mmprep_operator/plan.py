@@ -69,7 +69,8 @@ def _platform_problem(blocked: Mapping[str, api.PoolProblem], pool_count: int) -
     where = "every pool" if every else f"pool(s) {names}"
     # With other pools left the resource still serves (Ready follows their pods); with none it cannot.
     return Problem(
-        "ImagePlatformMissing", f"the runtime image is not built for the architecture of {where}: {next(iter(blocked.values())).message}",
+        "ImagePlatformMissing",
+        f"the runtime image is not built for the architecture of {where}: {next(iter(blocked.values())).message}",
         blocks_ready=every,
     )
 

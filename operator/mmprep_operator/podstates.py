@@ -14,9 +14,8 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from mmprep_runtime import exits
-
 from mmprep_operator import api
+from mmprep_runtime import exits
 
 UNSCHEDULABLE: Final = "Unschedulable"
 RUNTIME_FAILED: Final = "RuntimeFailed"
@@ -24,7 +23,14 @@ RUNTIME_FAILED: Final = "RuntimeFailed"
 _EXIT_REASONS: Final = {exits.EXIT_DEVICE_FAILED: "DeviceFailed", exits.EXIT_LOAD_FAILED: "LoadFailed"}
 #: Waiting reasons that will not resolve on their own (a crash loop is reported by its exit instead).
 _STUCK_WAITING: Final = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
 )
 _MESSAGE_LIMIT: Final = 512
 

@@ -85,14 +85,18 @@ def _identify_values(values: tuple[str | None, ...]) -> gpus.GpuIdentity | None:
     return gpus.identify({k: v for k, v in zip(_IDENTITY_LABELS, values, strict=True) if v is not None})
 
 
-def _pool_shape(node: NodeFacts, gpu_requested: bool) -> tuple[tuple[str, ...], str, dict[str, str], tuple[Mapping[str, Any], ...]]:
+def _pool_shape(
+    node: NodeFacts, gpu_requested: bool
+) -> tuple[tuple[str, ...], str, dict[str, str], tuple[Mapping[str, Any], ...]]:
     """(key, readable name, nodeSelector, match expressions) for the pool a node belongs to."""
     labels = node.label_map
     identity = _identity(labels)
     if identity is not None and identity.product is not None:
         return ("product", identity.product), identity.product, {gpus.PRODUCT_LABEL: identity.product}, ()
     if identity is not None:
-        selector: dict[str, str] = {k: labels[k] for k in (gpus.FAMILY_LABEL, gpus.COMPUTE_MAJOR_LABEL, gpus.COMPUTE_MINOR_LABEL) if k in labels}
+        selector: dict[str, str] = {
+            k: labels[k] for k in (gpus.FAMILY_LABEL, gpus.COMPUTE_MAJOR_LABEL, gpus.COMPUTE_MINOR_LABEL) if k in labels
+        }
         readable = "-".join([identity.family or "gpu", *(identity.compute or "").split(".")]).rstrip("-")
         return (
             ("labels", *(f"{k}={v}" for k, v in sorted(selector.items()))),

@@ -18,10 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.contract import ContractError, ProbeAnswer
-
 from mmprep_operator import api, jobs, naming, render
 from mmprep_operator.config import OperatorPolicy
+from mmprep_runtime.contract import ContractError, ProbeAnswer
 
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
@@ -50,9 +49,7 @@ def job_name(hash_: str) -> str:
     return f"mmprep-probe-{hash_}"
 
 
-def render_job(
-    owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str
-) -> dict[str, Any]:
+def render_job(owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str) -> dict[str, Any]:
     """The probe Job. Owned (not controlled) by the first resource; others add themselves as owners."""
     labels = {
         render.LABEL_NAME: "mmprep-runtime",
@@ -136,7 +133,9 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
         detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))
         if failed.get("reason") == "DeadlineExceeded":
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
-            return ProbeOutcome("Failed", reason="ProbeTimedOut", message=f"the probe did not finish within {deadline}s ({detail})")
+            return ProbeOutcome(
+                "Failed", reason="ProbeTimedOut", message=f"the probe did not finish within {deadline}s ({detail})"
+            )
         return ProbeOutcome("Failed", reason="ProbeFailed", message=f"the model did not load: {detail}")
     active = (job.get("status") or {}).get("active") or 0
     return ProbeOutcome("Running" if active else "Pending")

@@ -37,9 +37,7 @@ class ProbeJobs:
     #: Successful answers per (namespace, probe hash); also in each resource's status and Job.
     cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
 
-    def known(
-        self, owner: render.Owner, hash_: str, previous: api.MultimodalPreprocessorStatus | None
-    ) -> api.ProbeStatus | None:
+    def known(self, owner: render.Owner, hash_: str, previous: api.MultimodalPreprocessorStatus | None) -> api.ProbeStatus | None:
         """The probe's state when it needs no API call; None: only its Job can tell."""
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
             if previous.probe.state == "Succeeded" and previous.probe.result is not None:

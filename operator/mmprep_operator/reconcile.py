@@ -232,14 +232,10 @@ class Reconciler:
             if found is None:
                 return READ_AGAIN  # the Jobs are read (and maybe created) only for a freshly read spec
             calibrations = found
-            measured = {
-                pool: c.chosen_workers for pool, c in calibrations.items() if c.state == "Succeeded" and c.chosen_workers
-            }
+            measured = {pool: c.chosen_workers for pool, c in calibrations.items() if c.state == "Succeeded" and c.chosen_workers}
             calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
             if measured:
-                plan = make_plan(
-                    owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured
-                )
+                plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured)
 
         def observed(
             deployments: dict[str, status.DeploymentState],
@@ -305,7 +301,8 @@ class Reconciler:
     ) -> dict[str, api.PoolProblem]:
         """Why pods are missing, per pool, read from the pods; no call while every pool is ready."""
         short = [
-            name for name, deployment in plan.deployment_names.items()
+            name
+            for name, deployment in plan.deployment_names.items()
             if deployments.get(deployment, status.DeploymentState()).ready_replicas < plan.replicas.get(name, 0)
         ]
         if not short:

@@ -12,12 +12,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.contract import PoolDecisionEnv
-
 from mmprep_operator import api, naming
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.decide import PoolDecision
 from mmprep_operator.pools import ARCH_LABEL, ARM64, Pool, pool_arch
+from mmprep_runtime.contract import PoolDecisionEnv
 
 MANAGED_BY: Final = "mmprep-operator"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
@@ -228,14 +227,19 @@ def render_deployment(
         # A failed start (no processor, no CUDA device) leaves its reason in the termination
         # message, which the operator reports per pool.
         "command": [
-            "mmprep-runtime", "serve", *model_args(spec), "--port", str(serving.port), *serving.extra_args,
-            "--termination-log", TERMINATION_LOG,
+            "mmprep-runtime",
+            "serve",
+            *model_args(spec),
+            "--port",
+            str(serving.port),
+            *serving.extra_args,
+            "--termination-log",
+            TERMINATION_LOG,
         ],
         # Decision env last: it must win over anything the user set under the same name.
         "env": [*model_env(spec), *decision_env(spec, d)],
         "ports": [{"name": PORT_NAME, "containerPort": serving.port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": serving.ready_path, "port": PORT_NAME}, "periodSeconds": 5,
-                           "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": serving.ready_path, "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 10, "failureThreshold": 3},
         # Loading a processor can take minutes (a cold cache): allow 10 minutes before liveness counts.
         "startupProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 120},

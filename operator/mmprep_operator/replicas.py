@@ -23,7 +23,7 @@ def distribute(total: int, weights: Mapping[str, int]) -> dict[str, int]:
     weight_sum = sum(weights.values())
     if weight_sum == 0:
         # No information: share equally.
-        weights = {name: 1 for name in weights}
+        weights = dict.fromkeys(weights, 1)
         weight_sum = len(weights)
     shares = {name: Fraction(total * w, weight_sum) for name, w in weights.items()}
     out = {name: int(share) for name, share in shares.items()}

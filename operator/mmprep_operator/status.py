@@ -102,7 +102,11 @@ def _probe_conditions(probe: api.ProbeStatus | None) -> tuple[tuple[Status, str,
     if probe.state == "Succeeded" and probe.result is not None:
         r = probe.result
         fast = "a fast image processor" if r.fast_image_processor else "no fast image processor"
-        probed: tuple[Status, str, str] = ("True", "ProbeSucceeded", f"{r.processor_class or 'processor'} loaded with {fast} (Job {probe.job})")
+        probed: tuple[Status, str, str] = (
+            "True",
+            "ProbeSucceeded",
+            f"{r.processor_class or 'processor'} loaded with {fast} (Job {probe.job})",
+        )
         if r.cloneable:
             took = f" in {r.clone_seconds:.2f}s" if r.clone_seconds is not None else ""
             return probed, ("True", "Cloneable", f"the processor deep-copies{took}: one copy per worker")
@@ -281,9 +285,7 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         out.append(EventSpec("Normal" if c.status == "True" else "Warning", c.reason, c.message))
     if (c := changed(CLONEABLE)) is not None and c.status == "False":
         out.append(EventSpec("Warning", c.reason, c.message))
-    if (c := changed(DEGRADED)) is not None and c.status == "True" and c.reason not in {
-        e.reason for e in out
-    }:
+    if (c := changed(DEGRADED)) is not None and c.status == "True" and c.reason not in {e.reason for e in out}:
         out.append(EventSpec("Warning", c.reason, c.message))
     if (c := changed(READY)) is not None and c.status == "True":
         out.append(EventSpec("Normal", c.reason, c.message))

@@ -25,8 +25,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Final
-
+from collections.abc import Callable
+from typing import Any, Final
 
 from mmprep_runtime import cpus, cuda, decoding, engine, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
@@ -87,16 +87,11 @@ def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode:
     audio: tuple[Any, ...] = ()
     if facts.takes_images:
         jpeg = testing_media.jpeg(*size)
-        images = (
-            decoding.decode_image(
-                jpeg, "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout
-            ),
-        )
+        images = (decoding.decode_image(jpeg, "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout),)
         if facts.image_token:
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:
-        audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000,
-                                     max_seconds=60),)
+        audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000, max_seconds=60),)
     return Workload(facts, pipeline.PreprocessRequest(text, images, audio), jpeg, decode)
 
 
@@ -145,7 +140,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._started = time.monotonic()
         if self._live:
             self._thread.start()
@@ -197,9 +192,7 @@ def measure_direct(processor: Any, workload: Workload, duration: float, progress
     return Measurement("direct", 1, 1, len(latencies), seconds, latencies, cpu, _rss_bytes())
 
 
-def measure_pool(
-    running: engine.Engine, job: Callable[[Any], object], duration: float, progress: bool
-) -> Measurement:
+def measure_pool(running: engine.Engine, job: Callable[[Any], object], duration: float, progress: bool) -> Measurement:
     """Closed loop, one ``job(processor)`` in flight per worker, for ``duration`` seconds.
 
     Each finished job submits the next from its done callback, on the worker that ran it: the
@@ -246,7 +239,13 @@ def measure_pool(
         seconds = time.perf_counter() - started_at[0]
         cpu = _cpu_seconds() - cpu0
     return Measurement(
-        f"pool-{pool.workers}", pool.workers, running.intra_op_threads, len(latencies), seconds, latencies, cpu,
+        f"pool-{pool.workers}",
+        pool.workers,
+        running.intra_op_threads,
+        len(latencies),
+        seconds,
+        latencies,
+        cpu,
         _rss_bytes(),
     )
 
@@ -259,11 +258,21 @@ def request_body(api: str, size: tuple[int, int]) -> bytes:
 
     image = base64.b64encode(testing_media.jpeg(*size)).decode()
     if api == "preprocess":
-        return json.dumps({"text": f"Describe this picture. {testing_models.QWEN_IMAGE_PLACEHOLDER}",
-                           "images": [image]}).encode()
-    return json.dumps({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
-        {"type": "text", "text": "Describe this picture in one sentence."}]}], "max_tokens": 64}).encode()
+        return json.dumps({"text": f"Describe this picture. {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [image]}).encode()
+    return json.dumps(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
+                        {"type": "text", "text": "Describe this picture in one sentence."},
+                    ],
+                }
+            ],
+            "max_tokens": 64,
+        }
+    ).encode()
 
 
 def served_api(running: engine.Engine, api: str, fetcher: Any = None) -> Any:
@@ -298,8 +307,14 @@ def measure_served(running: engine.Engine, api: Any, body: bytes, duration: floa
         seconds = asyncio.run(load())
         cpu = _cpu_seconds() - cpu0
     return Measurement(
-        f"served-{running.pool.workers}", running.pool.workers, running.intra_op_threads, len(latencies), seconds,
-        latencies, cpu, _rss_bytes(),
+        f"served-{running.pool.workers}",
+        running.pool.workers,
+        running.intra_op_threads,
+        len(latencies),
+        seconds,
+        latencies,
+        cpu,
+        _rss_bytes(),
     )
 
 
@@ -325,9 +340,13 @@ def measure_dispatch(running: engine.Engine, duration: float) -> dict[str, float
 def merge(parts: list[Measurement]) -> Measurement:
     first = parts[0]
     return Measurement(
-        first.label, first.workers, first.intra_op_threads,
-        sum(p.requests for p in parts), sum(p.seconds for p in parts),
-        [latency for p in parts for latency in p.latencies], sum(p.cpu_seconds for p in parts),
+        first.label,
+        first.workers,
+        first.intra_op_threads,
+        sum(p.requests for p in parts),
+        sum(p.seconds for p in parts),
+        [latency for p in parts for latency in p.latencies],
+        sum(p.cpu_seconds for p in parts),
         max(p.rss_bytes for p in parts),
     )
 
@@ -434,8 +453,10 @@ def run(
 
 
 def table(report: dict[str, Any]) -> str:
-    header = f"{'run':<10} {'workers':>7} {'threads':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} " \
-             f"{'CPU':>5} {'CPU ms/req':>10} {'RSS MB':>7} {'x 1 wkr':>7}"
+    header = (
+        f"{'run':<10} {'workers':>7} {'threads':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'CPU':>5} {'CPU ms/req':>10} {'RSS MB':>7} {'x 1 wkr':>7}"
+    )
     lines = [
         f"{report['processor_class']} ({report['backend'] or 'no image processor'}), image {report['image']}, "
         f"{report['duration_s']:g} s per run, {report['usable_cpus']} usable CPU(s)",
@@ -470,9 +491,16 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         report = run(
-            settings, workers, duration=args.duration, size=size, warmup=args.warmup,
-            decode=args.decode, progress=not args.no_progress, intra_op_threads=args.intra_op_threads,
-            rounds=args.rounds, api=args.api,
+            settings,
+            workers,
+            duration=args.duration,
+            size=size,
+            warmup=args.warmup,
+            decode=args.decode,
+            progress=not args.no_progress,
+            intra_op_threads=args.intra_op_threads,
+            rounds=args.rounds,
+            api=args.api,
         )
     except loading.ModelLoadError as exc:
         print(f"mmprep-runtime bench: {exc}", file=sys.stderr)

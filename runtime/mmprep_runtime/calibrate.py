@@ -112,9 +112,7 @@ def measure(
     curve = []
     for count in counts:
         summary = bench.merge(parts[count]).summary()
-        curve.append(
-            calibration.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"])
-        )
+        curve.append(calibration.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"]))
     choice = calibration.choose(curve, tolerance)
     return calibration.Report(
         curve=tuple(curve),
@@ -160,7 +158,12 @@ def main(args: argparse.Namespace) -> int:
     counts = calibration.worker_counts(min(args.max_workers, cpus.usable_cpus()))
     try:
         report = measure(
-            settings, inputs, counts, duration=args.duration, rounds=args.rounds, warmup=args.warmup,
+            settings,
+            inputs,
+            counts,
+            duration=args.duration,
+            rounds=args.rounds,
+            warmup=args.warmup,
             tolerance=args.tolerance,
         )
     except (loading.ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
@@ -168,7 +171,9 @@ def main(args: argparse.Namespace) -> int:
         _write(calibration.Report(error=str(exc)).to_json(), args.termination_log)
         return EXIT_FAILED
     for point in report.curve:
-        print(f"{point.workers} worker(s): {point.req_per_s:.1f} req/s, p50 {point.p50_ms} ms, p99 {point.p99_ms} ms",
-              file=sys.stderr)
+        print(
+            f"{point.workers} worker(s): {point.req_per_s:.1f} req/s, p50 {point.p50_ms} ms, p99 {point.p99_ms} ms",
+            file=sys.stderr,
+        )
     print(f"chosen: {report.chosen} (best {report.best}, tolerance {report.tolerance:.0%})", file=sys.stderr)
     return 0 if _write(report.to_json(), args.termination_log) else EXIT_FAILED

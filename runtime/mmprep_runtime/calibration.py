@@ -5,7 +5,7 @@ throughput at processor worker counts 1..N on that node and picks a count with `
 report travels to the operator as the Job's termination message; both halves parse it with
 ``parse_report`` here, so its format is defined once.
 
-Import-light like ``policy``: the operator imports this module and carries no torch.
+Import-light like ``sizing``: the operator imports this module and carries no torch.
 
 Why "the smallest count within a tolerance of the best": a worker costs a processor copy (memory)
 and, on the GPU path, contention for the device the model runs on. A count that measures 2% above
@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.policy import MAX_WORKERS, MIN_WORKERS, is_worker_count
+from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS, is_worker_count
 
 DEFAULT_TOLERANCE: Final = 0.05
 #: Kubernetes keeps at most 4096 bytes of a termination message.
@@ -101,9 +101,7 @@ class Report:
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
-            "curve": [
-                {"workers": p.workers, "reqPerS": p.req_per_s, "p50Ms": p.p50_ms, "p99Ms": p.p99_ms} for p in self.curve
-            ],
+            "curve": [{"workers": p.workers, "reqPerS": p.req_per_s, "p50Ms": p.p50_ms, "p99Ms": p.p99_ms} for p in self.curve],
             "chosen": self.chosen,
             "best": self.best,
             "tolerance": self.tolerance,

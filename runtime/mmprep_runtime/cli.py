@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from mmprep_runtime import contract, policy
+from mmprep_runtime import contract, sizing
 
 EXIT_USAGE = 2
 
@@ -31,13 +31,26 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow the processor's own Python code from the model folder (refused otherwise)",
     )
-    parser.add_argument("--backend", choices=[b.value for b in policy.Backend], default=None,
-                        help="image processor backend (default auto: torchvision when available)")
-    parser.add_argument("--device", choices=[d.value for d in policy.Device], default=None,
-                        help="where a fast image processor runs (default: env MMPREP_DEVICE, else auto)")
-    parser.add_argument("--no-fast-paths", dest="fast_paths", action="store_false", default=None,
-                        help="use transformers' own token checks instead of mmprep's exact, GIL-light "
-                             "stand-ins (default: env MMPREP_FAST_PATHS, else on)")
+    parser.add_argument(
+        "--backend",
+        choices=[b.value for b in sizing.Backend],
+        default=None,
+        help="image processor backend (default auto: torchvision when available)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=[d.value for d in sizing.Device],
+        default=None,
+        help="where a fast image processor runs (default: env MMPREP_DEVICE, else auto)",
+    )
+    parser.add_argument(
+        "--no-fast-paths",
+        dest="fast_paths",
+        action="store_false",
+        default=None,
+        help="use transformers' own token checks instead of mmprep's exact, GIL-light "
+        "stand-ins (default: env MMPREP_FAST_PATHS, else on)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,81 +64,121 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(serve)
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--processor-workers", type=_worker_count, default=None,
-                       help="processor worker threads (overrides env MMPREP_PROCESSOR_WORKERS)")
-    serve.add_argument("--io-workers", type=_worker_count, default=None,
-                       help="decode threads (overrides env MMPREP_IO_WORKERS)")
-    serve.add_argument("--intra-op-threads", type=_worker_count, default=None,
-                       help="torch threads per worker (default: usable CPUs / workers)")
+    serve.add_argument(
+        "--processor-workers",
+        type=_worker_count,
+        default=None,
+        help="processor worker threads (overrides env MMPREP_PROCESSOR_WORKERS)",
+    )
+    serve.add_argument("--io-workers", type=_worker_count, default=None, help="decode threads (overrides env MMPREP_IO_WORKERS)")
+    serve.add_argument(
+        "--intra-op-threads", type=_worker_count, default=None, help="torch threads per worker (default: usable CPUs / workers)"
+    )
     serve.add_argument("--queue-size", type=int, default=None, help="requests waiting beyond the workers before 429")
     serve.add_argument("--deadline", type=float, default=None, help="per-request deadline in seconds (504 after)")
     serve.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413 above)")
     serve.add_argument("--max-image-pixels", type=int, default=None, help="largest decoded image, in pixels")
     serve.add_argument("--max-images", type=int, default=None, help="most images in one request")
-    serve.add_argument("--normalized-pixels", action="store_true", default=None,
-                       help="vLLM render API: normalized pixel values in the model's dtype instead of uint8 "
-                            "(vLLM's --no-mm-device-do-normalize; default: env MMPREP_NORMALIZED_PIXELS, else off)")
-    serve.add_argument("--served-model-name", default=None,
-                       help="vLLM render API: the model name /v1/models answers (default: --model as given)")
-    serve.add_argument("--fetch-allowed-networks", default=None,
-                       help="image URLs: comma-separated networks that may be fetched although not public "
-                            "(default: env MMPREP_FETCH_ALLOWED_NETWORKS, else none)")
+    serve.add_argument(
+        "--normalized-pixels",
+        action="store_true",
+        default=None,
+        help="vLLM render API: normalized pixel values in the model's dtype instead of uint8 "
+        "(vLLM's --no-mm-device-do-normalize; default: env MMPREP_NORMALIZED_PIXELS, else off)",
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="vLLM render API: the model name /v1/models answers (default: --model as given)"
+    )
+    serve.add_argument(
+        "--fetch-allowed-networks",
+        default=None,
+        help="image URLs: comma-separated networks that may be fetched although not public "
+        "(default: env MMPREP_FETCH_ALLOWED_NETWORKS, else none)",
+    )
     serve.add_argument("--fetch-max-bytes", type=int, default=None, help="image URLs: largest body fetched")
-    serve.add_argument("--fetch-timeout", type=float, default=None,
-                       help="image URLs: seconds to read (connecting has its own 5 s)")
+    serve.add_argument(
+        "--fetch-timeout", type=float, default=None, help="image URLs: seconds to read (connecting has its own 5 s)"
+    )
     serve.add_argument("--log-level", default="INFO")
-    serve.add_argument("--termination-log", default=None,
-                       help="on a failed start, write the reason here (Kubernetes terminationMessagePath)")
+    serve.add_argument(
+        "--termination-log", default=None, help="on a failed start, write the reason here (Kubernetes terminationMessagePath)"
+    )
 
     probe = commands.add_parser("probe", help="print what this processor is and whether it can be cloned")
     _add_model_arguments(probe)
-    probe.add_argument("--termination-log", default=None,
-                       help="also write the JSON here (Kubernetes terminationMessagePath)")
+    probe.add_argument("--termination-log", default=None, help="also write the JSON here (Kubernetes terminationMessagePath)")
 
     bench = commands.add_parser("bench", help="throughput and latency by worker count")
     _add_model_arguments(bench)
     bench.add_argument("--workers", default="1,2,4", help="comma-separated worker counts to measure")
     bench.add_argument("--duration", type=float, default=10.0, help="seconds of load per worker count")
     bench.add_argument("--image", default="1280x960", help="synthetic image size WxH, one image per request")
-    bench.add_argument("--rounds", type=int, default=3,
-                       help="interleaved rounds the duration is split into (fair under changing load)")
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds the duration is split into (fair under changing load)"
+    )
     bench.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
-    bench.add_argument("--intra-op-threads", type=_worker_count, default=None,
-                       help="torch threads per worker (default: usable CPUs / workers, as serve does)")
+    bench.add_argument(
+        "--intra-op-threads",
+        type=_worker_count,
+        default=None,
+        help="torch threads per worker (default: usable CPUs / workers, as serve does)",
+    )
     bench.add_argument("--decode", action="store_true", help="decode the JPEG in every job (end-to-end CPU cost)")
-    bench.add_argument("--api", choices=["none", "preprocess", "vllm-render"], default="none",
-                       help="measure the served path of this HTTP API (Engine.serve: parse, decode, process, "
-                            "encode) instead of the processor call alone")
+    bench.add_argument(
+        "--api",
+        choices=["none", "preprocess", "vllm-render"],
+        default="none",
+        help="measure the served path of this HTTP API (Engine.serve: parse, decode, process, "
+        "encode) instead of the processor call alone",
+    )
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
     calibrate = commands.add_parser("calibrate", help="measure worker counts 1..N here and choose one (operator Jobs)")
     _add_model_arguments(calibrate)
-    calibrate.add_argument("--max-workers", type=_worker_count, default=8,
-                           help="largest worker count to measure (also capped by the CPUs this process may use)")
-    calibrate.add_argument("--image", default="1280x960",
-                           help="comma-separated synthetic image sizes WxH, rotated through (default 1280x960)")
-    calibrate.add_argument("--samples", default=None,
-                           help="a folder of sample images (jpg/png/webp) to rotate through instead of synthetic ones")
+    calibrate.add_argument(
+        "--max-workers",
+        type=_worker_count,
+        default=8,
+        help="largest worker count to measure (also capped by the CPUs this process may use)",
+    )
+    calibrate.add_argument(
+        "--image", default="1280x960", help="comma-separated synthetic image sizes WxH, rotated through (default 1280x960)"
+    )
+    calibrate.add_argument(
+        "--samples", default=None, help="a folder of sample images (jpg/png/webp) to rotate through instead of synthetic ones"
+    )
     calibrate.add_argument("--duration", type=float, default=12.0, help="seconds of load per worker count")
     calibrate.add_argument("--rounds", type=int, default=3, help="interleaved rounds the duration is split into")
     calibrate.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load per count first")
-    calibrate.add_argument("--tolerance", type=float, default=0.05,
-                           help="choose the fewest workers within this fraction of the best throughput")
-    calibrate.add_argument("--termination-log", default=None,
-                           help="also write the JSON report here (Kubernetes terminationMessagePath)")
+    calibrate.add_argument(
+        "--tolerance", type=float, default=0.05, help="choose the fewest workers within this fraction of the best throughput"
+    )
+    calibrate.add_argument(
+        "--termination-log", default=None, help="also write the JSON report here (Kubernetes terminationMessagePath)"
+    )
 
     make = commands.add_parser("make-model", help="build a real processor folder offline (tests, demos)")
     make.add_argument("--kind", required=True, help="qwen2-vl, llava, whisper, tokenizer or uncloneable")
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
-    make.add_argument("--backend", choices=["torchvision", "pil"], default="torchvision",
-                      help="image processor class written into the folder")
-    make.add_argument("--declared-io-workers", type=_worker_count, default=None,
-                      help="write mmprep.json declaring this IO (decode) worker count")
-    make.add_argument("--not-thread-safe", dest="thread_safe", action="store_false",
-                      help="write mmprep.json declaring the processor not thread-safe (1 worker)")
-    make.add_argument("--declared-workers", type=_worker_count, default=None,
-                      help="write mmprep.json declaring this processor worker count")
+    make.add_argument(
+        "--backend", choices=["torchvision", "pil"], default="torchvision", help="image processor class written into the folder"
+    )
+    make.add_argument(
+        "--declared-io-workers",
+        type=_worker_count,
+        default=None,
+        help="write mmprep.json declaring this IO (decode) worker count",
+    )
+    make.add_argument(
+        "--not-thread-safe",
+        dest="thread_safe",
+        action="store_false",
+        help="write mmprep.json declaring the processor not thread-safe (1 worker)",
+    )
+    make.add_argument(
+        "--declared-workers", type=_worker_count, default=None, help="write mmprep.json declaring this processor worker count"
+    )
     return parser
 
 
@@ -152,8 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             out = testing_models.make_model(
-                args.kind, args.out, backend=args.backend, declared_workers=args.declared_workers,
-                declared_io_workers=args.declared_io_workers, thread_safe=args.thread_safe,
+                args.kind,
+                args.out,
+                backend=args.backend,
+                declared_workers=args.declared_workers,
+                declared_io_workers=args.declared_io_workers,
+                thread_safe=args.thread_safe,
             )
         except testing_models.ModelBuildError as exc:
             print(f"mmprep-runtime make-model: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ Two things cross the boundary, and each is defined here once, imported by both h
   message and the operator reads back and keeps in the resource's status.
 
 Import-light on purpose: the operator image carries neither torch nor transformers, so this module
-needs only the standard library, pydantic and the decision's vocabulary (``policy``).
+needs only the standard library, pydantic and the decision's vocabulary (``sizing``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mmprep_runtime.policy import Path, Reason, WorkerCountError, check_worker_count
+from mmprep_runtime.sizing import Path, Reason, WorkerCountError, check_worker_count
 
 # ------------------------------------------------------------------------------------ environment
 

@@ -85,7 +85,9 @@ def start(environ: Mapping[str, str] = os.environ) -> str:
             )
         count = torch.cuda.device_count()
         if index >= count:
-            raise CudaUnavailable(f"device cuda: {ENV_DEVICE_INDEX}={index}, but only {count} device(s) are visible ({_visible(environ)})")
+            raise CudaUnavailable(
+                f"device cuda: {ENV_DEVICE_INDEX}={index}, but only {count} device(s) are visible ({_visible(environ)})"
+            )
         device = f"cuda:{index}"
         torch.cuda.init()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         torch.cuda.set_device(index)
@@ -151,7 +153,9 @@ def warm_up(processor: Any, device: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a failed warm-up is a failed start
         raise CudaUnavailable(f"device cuda: the warm-up request failed on {device}: {type(exc).__name__}: {exc}") from exc
     if not on_device:
-        raise CudaUnavailable(f"device cuda: the warm-up request's tensors stayed on the CPU; the image processor ignored {device}")
+        raise CudaUnavailable(
+            f"device cuda: the warm-up request's tensors stayed on the CPU; the image processor ignored {device}"
+        )
     return {"warmed": True, "tensors_on_device": len(on_device)}
 
 

@@ -8,7 +8,7 @@ Two sources, first match wins:
 2. a small built-in table keyed by the processor class, for models whose number is known from
    published measurements (SGLang declares 2 for the Qwen-VL family and PaddleOCR-VL).
 
-The declared number is only an input to ``mmprep_runtime.policy.decide_workers``: the GPU path caps
+The declared number is only an input to ``mmprep_runtime.sizing.decide_workers``: the GPU path caps
 it, an explicit count beats it. Import-light on purpose (the probe reports it; no torch needed).
 """
 
@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Final, Mapping
+from collections.abc import Mapping
+from typing import Final
 
-from mmprep_runtime import policy
+from mmprep_runtime import sizing
 
 SIDECAR_NAME: Final = "mmprep.json"
 SIDECAR_KEY: Final = "processor_workers"
@@ -58,8 +59,8 @@ def _count(data: Mapping[str, object], key: str) -> int | None:
     if value is None:
         return None
     try:
-        return policy.check_worker_count(f"{SIDECAR_NAME}: {key}", value)
-    except policy.WorkerCountError as exc:
+        return sizing.check_worker_count(f"{SIDECAR_NAME}: {key}", value)
+    except sizing.WorkerCountError as exc:
         raise DeclarationError(str(exc)) from None
 
 

@@ -85,9 +85,7 @@ def decode_image(data: bytes, what: str, *, max_pixels: int, layout: ImageLayout
         raise errors.BadMedia(f"{what} has unsupported image format {image.format}")
     width, height = image.size
     if width * height > max_pixels:
-        raise errors.MediaTooLarge(
-            f"{what} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}"
-        )
+        raise errors.MediaTooLarge(f"{what} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
     if image.format == "JPEG" and (
         layout is ImageLayout.TENSOR or (layout is ImageLayout.ARRAY and min(width, height) >= _MIN_ARRAY_SIDE)
     ):
@@ -132,9 +130,7 @@ def decode_wav(data: bytes, what: str, *, target_rate: int, max_seconds: float) 
             if rate <= 0:
                 raise errors.BadMedia(f"{what} has sampling rate {rate}")
             if frames / rate > max_seconds:
-                raise errors.MediaTooLarge(
-                    f"{what} lasts {frames / rate:.1f} s, over the limit of {max_seconds:g} s"
-                )
+                raise errors.MediaTooLarge(f"{what} lasts {frames / rate:.1f} s, over the limit of {max_seconds:g} s")
             raw = reader.readframes(frames)
     except (wave.Error, EOFError) as exc:
         raise errors.BadMedia(f"{what} is not a PCM WAV file: {exc}") from None

@@ -1,8 +1,8 @@
 """The runtime's core, assembled: processor, decision, processor pool and IO pool.
 
 ``start_engine`` is the order that matters: load and customize the processor (backend, device
-patch), *then* probe cloneability of exactly that object, decide the workers with the shared
-``policy``, size torch intra-op threads against the usable CPUs, start the pool, and warm it.
+patch), *then* try cloning exactly that object, decide the workers with the shared rule
+(``sizing``), size torch intra-op threads against the usable CPUs, start the pool, and warm it.
 ``serve`` and ``bench`` both start engines, so what is benchmarked is what is served.
 
 ``Engine.serve(api, body)`` is the one served path for every HTTP API (``pipeline.Api``): the
@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Literal
 
-from mmprep_runtime import contract, cpus, cuda, executor, loading, pipeline, policy, versions
+from mmprep_runtime import contract, cpus, cuda, executor, loading, pipeline, sizing, versions
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ def _process_then(processor: Any, api: pipeline.Api[Any, Any], request: Any, enc
 @dataclasses.dataclass
 class Engine:
     facts: loading.ProcessorFacts
-    clone_probe: executor.CloneProbe
-    decision: policy.WorkerDecision
+    clone_trial: executor.CloneTrial
+    decision: sizing.WorkerDecision
     device: str
     usable_cpus: int
     intra_op_threads: int
@@ -99,9 +99,9 @@ class Engine:
                 "live": self.pool.live_workers,
                 "retired": [{"thread": r.thread, "error": r.error} for r in self.pool.retired],
             },
-            "cloneable": self.clone_probe.cloneable,
-            "clone_error": self.clone_probe.error,
-            "clone_seconds": round(self.clone_probe.seconds, 6),
+            "cloneable": self.clone_trial.cloneable,
+            "clone_error": self.clone_trial.error,
+            "clone_seconds": round(self.clone_trial.seconds, 6),
             "worker_clone_seconds": [round(s, 6) for s in self.pool.clone_seconds],
             "usable_cpus": self.usable_cpus,
             "intra_op_threads": self.intra_op_threads,
@@ -156,12 +156,12 @@ class Engine:
         self.io_pool.shutdown(wait=True, cancel_futures=True)
 
 
-def resolve_device(requested: policy.Device) -> tuple[str, bool]:
+def resolve_device(requested: sizing.Device) -> tuple[str, bool]:
     """(device name, whether a GPU is usable). Asking for cuda without a working one is an error
     (``cuda.CudaUnavailable``, with the reason): CUDA starts here, before anything is served."""
-    if requested is policy.Device.CPU:
+    if requested is sizing.Device.CPU:
         return "cpu", False
-    if requested is policy.Device.CUDA or loading.cuda_available():
+    if requested is sizing.Device.CUDA or loading.cuda_available():
         return cuda.start(), True
     return "cpu", False
 
@@ -179,7 +179,7 @@ def _init_worker(threads: int, device: str) -> None:
         cuda.worker_init(device)  # this worker's own stream
 
 
-def should_decode_on_worker(path: policy.Path, processor_workers: int, usable_cpus: int) -> bool:
+def should_decode_on_worker(path: sizing.Path, processor_workers: int, usable_cpus: int) -> bool:
     """Whether each request is decoded by the processor worker that processes it.
 
     When the processor workers alone can keep every usable CPU busy (CPU path, at least one
@@ -189,10 +189,10 @@ def should_decode_on_worker(path: policy.Path, processor_workers: int, usable_cp
     per request. With fewer workers than CPUs (or the GPU path's single worker), the IO pool
     decodes the next request while the worker processes, which is worth more.
     """
-    return path is policy.Path.CPU and processor_workers >= usable_cpus
+    return path is sizing.Path.CPU and processor_workers >= usable_cpus
 
 
-def adopt_operator_reason(decision: policy.WorkerDecision, operator: contract.PoolDecisionEnv) -> policy.WorkerDecision:
+def adopt_operator_reason(decision: sizing.WorkerDecision, operator: contract.PoolDecisionEnv) -> sizing.WorkerDecision:
     """The runtime's decision, reported with the operator's reason when it kept the operator's count.
 
     The operator's count reaches the runtime as an explicit number, which the runtime's own rule
@@ -200,11 +200,9 @@ def adopt_operator_reason(decision: policy.WorkerDecision, operator: contract.Po
     ``Measured``, ...). A count the runtime had to lower (NotCloneable, NotThreadSafe) or a flag
     that differs from the operator's count keeps the runtime's own reason: it is what this pod does.
     """
-    if decision.reason is not policy.Reason.EXPLICIT or decision.processor_workers != operator.processor_workers:
+    if decision.reason is not sizing.Reason.EXPLICIT or decision.processor_workers != operator.processor_workers:
         return decision
-    return dataclasses.replace(
-        decision, reason=operator.reason, detail=f"the operator's decision for pool {operator.pool}"
-    )
+    return dataclasses.replace(decision, reason=operator.reason, detail=f"the operator's decision for pool {operator.pool}")
 
 
 def start_engine(
@@ -222,7 +220,7 @@ def start_engine(
     processor, facts = loading.load_processor(model)
     device, gpu_available = resolve_device(model.device)
     path = facts.path(gpu_available=gpu_available, device=model.device)
-    if path is policy.Path.GPU:
+    if path is sizing.Path.GPU:
         loading.bind_device(processor, device)
     else:
         device = "cpu"
@@ -234,22 +232,22 @@ def start_engine(
     def resolve() -> Any:
         return holder["processor"]
 
-    probe = executor.probe_clone(resolve)
-    decision = policy.decide_workers(
+    trial = executor.try_clone(resolve)
+    decision = sizing.decide_workers(
         path=path,
-        cloneable=probe.cloneable,
+        cloneable=trial.cloneable,
         explicit=processor_workers,
         declared=facts.declared_workers,
         explicit_io=io_workers,
         thread_safe=facts.thread_safe,
         declared_io=facts.declared_io_workers,
-        cloneable_error=probe.error,
+        cloneable_error=trial.error,
     )
     if operator_decision is not None:
         decision = adopt_operator_reason(decision, operator_decision)
     if decision.explicit_not_honoured is not None:
         logger.warning("workers: %s", decision.describe())
-    elif not probe.cloneable:
+    elif not trial.cloneable:
         logger.warning("workers: falling back to one worker: %s", decision.describe())
     else:
         logger.info("workers: %s", decision.describe())
@@ -259,7 +257,7 @@ def start_engine(
     pool: executor.ProcessorPool[Any] = executor.ProcessorPool(
         resolve,
         decision.processor_workers,
-        cloneable=probe.cloneable,
+        cloneable=trial.cloneable,
         thread_init=lambda: _init_worker(threads, device),
         observer=observer,
     )
@@ -267,7 +265,16 @@ def start_engine(
     if decode_on_worker is None:
         decode_on_worker = should_decode_on_worker(path, decision.processor_workers, usable)
     engine = Engine(
-        facts, probe, decision, device, usable, threads, pool, io_pool, decode_on_worker, processor=processor,
+        facts,
+        trial,
+        decision,
+        device,
+        usable,
+        threads,
+        pool,
+        io_pool,
+        decode_on_worker,
+        processor=processor,
         pool_name=operator_decision.pool if operator_decision is not None else None,
     )
     if warm:
@@ -282,6 +289,10 @@ def start_engine(
                 raise
     logger.info(
         "engine ready: %s on %s path, %d processor worker(s) x %d intra-op thread(s) of %d usable CPU(s)",
-        facts.processor_class, path.value, decision.processor_workers, threads, usable,
+        facts.processor_class,
+        path.value,
+        decision.processor_workers,
+        threads,
+        usable,
     )
     return engine

@@ -12,7 +12,7 @@ it for its life.
   large tokenizer is slow (2.4 s in transformers #44894) and memory-hungry.
 - ``warm()`` makes every worker clone before the server reports ready, so no request pays for a
   clone; without it each worker clones lazily on its first job.
-- ``probe_clone`` deep-copies once at startup. When that fails the pool runs one worker that uses
+- ``try_clone`` deep-copies once at startup. When that fails the pool runs one worker that uses
   the original object (the only thread that ever touches it) and reports why.
 - A clone can still fail later, inside one worker (memory runs out, a lazily loaded file went
   away). That worker retires instead of failing every job it picks: its job goes back to the
@@ -33,7 +33,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +43,20 @@ R = TypeVar("R")
 
 
 @dataclasses.dataclass(frozen=True)
-class CloneProbe:
+class CloneTrial:
     cloneable: bool
     error: str | None
     seconds: float
 
 
-def probe_clone(resolve: Callable[[], Any]) -> CloneProbe:
+def try_clone(resolve: Callable[[], Any]) -> CloneTrial:
     """Deep-copy the processor once; any exception means it cannot be cloned, and says why."""
     started = time.perf_counter()
     try:
         copy.deepcopy(resolve())
     except Exception as exc:  # noqa: BLE001 - any failure of deepcopy is the answer
-        return CloneProbe(False, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
-    return CloneProbe(True, None, time.perf_counter() - started)
+        return CloneTrial(False, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
+    return CloneTrial(True, None, time.perf_counter() - started)
 
 
 class PoolObserver(Protocol):
@@ -125,7 +126,7 @@ class ProcessorPool(Generic[P]):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if not cloneable and workers != 1:
-            # The decision (policy.decide_workers) already caps this; refusing here keeps the
+            # The decision (sizing.decide_workers) already caps this; refusing here keeps the
             # invariant local: an uncloneable processor is never shared between threads.
             raise ValueError("a processor that cannot be cloned can only have 1 worker")
         self._resolve = resolve
@@ -143,10 +144,7 @@ class ProcessorPool(Generic[P]):
         self._warm_barrier: threading.Barrier | None = None
         self._closed = False
         self._local = threading.local()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
-            for index in range(workers)
-        ]
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True) for index in range(workers)]
         for thread in self._threads:
             thread.start()
 

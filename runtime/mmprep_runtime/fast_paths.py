@@ -69,8 +69,13 @@ def _tokenizers_backend() -> type | None:
 def _integer_id_matrix(value: Any) -> bool:
     import torch
 
-    return isinstance(value, torch.Tensor) and value.dim() == 2 and not value.is_floating_point() \
-        and not value.is_complex() and value.dtype != torch.bool
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 2
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
 
 
 def _check_special_mm_tokens(self: Any, text: Any, text_inputs: Any, modalities: list[str]) -> None:
@@ -123,8 +128,13 @@ def _encode_plus(self: Any, *args: Any, **kwargs: Any) -> Any:
     library = getattr(_tokenizers_backend(), ENCODE_PLUS)
     text = kwargs.get("text")
     wants_torch = isinstance(kwargs.get("return_tensors"), str) and kwargs["return_tensors"] == "pt"
-    if args or not wants_torch or kwargs.get("text_pair") is not None or kwargs.get("is_split_into_words") \
-            or kwargs.get("return_overflowing_tokens"):
+    if (
+        args
+        or not wants_torch
+        or kwargs.get("text_pair") is not None
+        or kwargs.get("is_split_into_words")
+        or kwargs.get("return_overflowing_tokens")
+    ):
         return library(self, *args, **kwargs)
     if isinstance(text, str):
         # A batch of one: with tensors the library keeps the batch axis for a single text too.

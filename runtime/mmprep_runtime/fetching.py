@@ -21,7 +21,8 @@ import asyncio
 import ipaddress
 import socket
 import urllib.parse
-from typing import Any, Final, Iterable
+from collections.abc import Iterable
+from typing import Any, Final
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -39,8 +40,12 @@ def is_public(address: IPAddress) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return not (
-        address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
-        or address.is_reserved or address.is_unspecified
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
     )
 
 
@@ -90,8 +95,11 @@ class _CheckingResolver(AbstractResolver):
                     f"host {host!r} resolves to {address}, which is not a public address; "
                     "such URLs are refused unless an allowed network contains them"
                 )
-            results.append(ResolveResult(hostname=host, host=str(address), port=port_, family=family_,
-                                         proto=proto, flags=socket.AI_NUMERICHOST))
+            results.append(
+                ResolveResult(
+                    hostname=host, host=str(address), port=port_, family=family_, proto=proto, flags=socket.AI_NUMERICHOST
+                )
+            )
         return results
 
     async def close(self) -> None:
@@ -107,16 +115,16 @@ class Fetcher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(resolver=_CheckingResolver(self.settings), limit=64, ttl_dns_cache=None,
-                                             use_dns_cache=False)
+            connector = aiohttp.TCPConnector(
+                resolver=_CheckingResolver(self.settings), limit=64, ttl_dns_cache=None, use_dns_cache=False
+            )
             timeout = aiohttp.ClientTimeout(
                 total=self.settings.connect_timeout_s + self.settings.read_timeout_s,
                 sock_connect=self.settings.connect_timeout_s,
                 sock_read=self.settings.read_timeout_s,
             )
             # trust_env=False: a proxy from the environment would fetch for us and skip the checks.
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
-                                                  auto_decompress=False)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
@@ -136,8 +144,7 @@ class Fetcher:
         # A literal address never reaches the resolver: checked here.
         if literal is not None and not address_allowed(literal, self.settings.allowed_networks):
             raise FetchRefused(
-                f"{what}: {parts.hostname} is not a public address; such URLs are refused unless an allowed "
-                "network contains them"
+                f"{what}: {parts.hostname} is not a public address; such URLs are refused unless an allowed network contains them"
             )
         return parts
 
@@ -160,7 +167,7 @@ class Fetcher:
                     return await self._read_capped(response, what, current)
             except errors.RequestError:
                 raise
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 raise FetchTimedOut(
                     f"{what}: {current} did not answer within {settings.connect_timeout_s:g} s to connect / "
                     f"{settings.read_timeout_s:g} s to read"

@@ -22,7 +22,7 @@ import logging
 import pathlib
 from typing import Any
 
-from mmprep_runtime import decoding, declared, fast_paths, patches, policy
+from mmprep_runtime import declared, decoding, fast_paths, patches, sizing
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ class ModelSettings:
     model: str
     revision: str | None = None
     trust_remote_code: bool = False
-    backend: policy.Backend = policy.Backend.AUTO
-    device: policy.Device = policy.Device.AUTO
+    backend: sizing.Backend = sizing.Backend.AUTO
+    device: sizing.Device = sizing.Device.AUTO
     #: Bind the exact, GIL-light stand-ins of ``fast_paths`` (off: transformers' own steps only).
     fast_paths: bool = True
 
@@ -74,10 +74,10 @@ class ProcessorFacts:
             "thread_safe": self.thread_safe,
         }
 
-    def path(self, *, gpu_available: bool, device: policy.Device | str) -> policy.Path:
+    def path(self, *, gpu_available: bool, device: sizing.Device | str) -> sizing.Path:
         """The shared path rule applied to these facts (an unknown backend counts as ``auto``)."""
-        backend = self.backend if self.backend in ("pil", "torchvision") else policy.Backend.AUTO
-        return policy.decide_path(
+        backend = self.backend if self.backend in ("pil", "torchvision") else sizing.Backend.AUTO
+        return sizing.decide_path(
             gpu_available=gpu_available,
             device=device,
             backend=backend,
@@ -87,9 +87,9 @@ class ProcessorFacts:
     @property
     def image_layout(self) -> decoding.ImageLayout:
         """How decoded images are handed to this processor's image processor."""
-        if self.backend == policy.Backend.TORCHVISION.value:
+        if self.backend == sizing.Backend.TORCHVISION.value:
             return decoding.ImageLayout.TENSOR
-        if self.backend == policy.Backend.PIL.value:
+        if self.backend == sizing.Backend.PIL.value:
             return decoding.ImageLayout.ARRAY
         return decoding.ImageLayout.PIL  # any other image processor: the one input all of them take
 
@@ -126,9 +126,9 @@ def _image_backend(image_processor: Any) -> str | None:
     from transformers.image_processing_backends import PilBackend, TorchvisionBackend
 
     if isinstance(image_processor, TorchvisionBackend):
-        return policy.Backend.TORCHVISION.value
+        return sizing.Backend.TORCHVISION.value
     if isinstance(image_processor, PilBackend):
-        return policy.Backend.PIL.value
+        return sizing.Backend.PIL.value
     return "other"
 
 
@@ -149,7 +149,7 @@ def facts_of(
         processor_class=type(processor).__name__,
         tokenizer_class=type(patches.tokenizer_of(processor)).__name__,
         image_processor_class=type(image_processor).__name__ if image_processor is not None else None,
-        fast_image_processor=backend == policy.Backend.TORCHVISION.value,
+        fast_image_processor=backend == sizing.Backend.TORCHVISION.value,
         backend=backend,
         feature_extractor_class=type(feature_extractor).__name__ if feature_extractor is not None else None,
         sampling_rate=getattr(feature_extractor, "sampling_rate", None),
@@ -182,19 +182,18 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
         raise ModelLoadError(f"cannot load processor {settings.model!r}: {type(exc).__name__}: {exc}") from exc
 
     backend = settings.backend
-    if backend is policy.Backend.AUTO and folder is not None and _folder_names_pil_class(folder):
-        backend = policy.Backend.PIL
+    if backend is sizing.Backend.AUTO and folder is not None and _folder_names_pil_class(folder):
+        backend = sizing.Backend.PIL
     image_processor = getattr(processor, "image_processor", None)
     wrong_backend = image_processor is not None and _image_backend(image_processor) != backend.value
-    if backend is not policy.Backend.AUTO and wrong_backend:
+    if backend is not sizing.Backend.AUTO and wrong_backend:
         try:
             processor.image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # as above
                 settings.model, backend=backend.value, **common
             )
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(
-                f"cannot load the {backend.value} image processor of {settings.model!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"cannot load the {backend.value} image processor of {settings.model!r}: {type(exc).__name__}: {exc}"
             ) from exc
     try:
         declaration = declared.declaration_of(folder, type(processor).__name__)
@@ -218,7 +217,7 @@ def bind_device(processor: Any, device: str) -> None:
     if image_processor is None:
         return
     patches.bind_default_kwargs(image_processor, "preprocess", device=device)
-    if device.startswith("cuda") and _image_backend(image_processor) == policy.Backend.TORCHVISION.value:
+    if device.startswith("cuda") and _image_backend(image_processor) == sizing.Backend.TORCHVISION.value:
         # Fast (torchvision) processors take tensors: upload from pinned memory without blocking.
         from mmprep_runtime import cuda
 

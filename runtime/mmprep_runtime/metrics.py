@@ -7,7 +7,8 @@ state (queue depth, busy workers, in-flight) read it at scrape time instead of b
 
 from __future__ import annotations
 
-from typing import Any, Callable, Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -27,9 +28,7 @@ class _BusySecondsCollector:
         self._read = read
 
     def collect(self) -> Any:
-        yield CounterMetricFamily(
-            "mmprep_worker_busy_seconds", "Seconds processor workers spent on jobs", value=self._read()
-        )
+        yield CounterMetricFamily("mmprep_worker_busy_seconds", "Seconds processor workers spent on jobs", value=self._read())
 
 
 class Metrics:
@@ -50,18 +49,24 @@ class Metrics:
             "mmprep_decode_seconds", "Parsing and media decoding time (IO pool)", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.queue_wait_seconds = Histogram(
-            "mmprep_queue_wait_seconds", "Time a job waited for a processor worker", buckets=_LATENCY_BUCKETS,
+            "mmprep_queue_wait_seconds",
+            "Time a job waited for a processor worker",
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.processing_seconds = Histogram(
-            "mmprep_processing_seconds", "Time a processor worker spent on a job", buckets=_LATENCY_BUCKETS,
+            "mmprep_processing_seconds",
+            "Time a processor worker spent on a job",
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.clone_seconds = Gauge(
             "mmprep_clone_seconds", "Seconds the startup probe's deep copy of the processor took", registry=r
         )
         self.worker_clone_seconds = Histogram(
-            "mmprep_worker_clone_seconds", "Seconds each worker's deep copy took", buckets=_LATENCY_BUCKETS,
+            "mmprep_worker_clone_seconds",
+            "Seconds each worker's deep copy took",
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.cloneable = Gauge("mmprep_processor_cloneable", "1 if the processor can be deep-copied", registry=r)
@@ -79,9 +84,7 @@ class Metrics:
         self.in_flight = Gauge("mmprep_requests_in_flight", "Requests admitted and not yet answered", registry=r)
         self.queue_depth = Gauge("mmprep_queue_depth", "Jobs waiting for a processor worker", registry=r)
         self.busy_workers = Gauge("mmprep_workers_busy", "Processor workers running a job now", registry=r)
-        self.busy_fraction = Gauge(
-            "mmprep_workers_busy_fraction", "Busy processor workers / processor workers, now", registry=r
-        )
+        self.busy_fraction = Gauge("mmprep_workers_busy_fraction", "Busy processor workers / processor workers, now", registry=r)
         self.ready = Gauge("mmprep_ready", "1 once the processor is loaded and the pool warm", registry=r)
         self.info = Info("mmprep_runtime", "Model, path and the worker decision", registry=r)
 

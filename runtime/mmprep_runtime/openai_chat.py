@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import binascii
 import dataclasses
-from typing import Any, Final, Mapping
-
+from collections.abc import Mapping
+from typing import Any, Final
 
 from mmprep_runtime import errors, pipeline
 
@@ -45,14 +45,42 @@ SAMPLING_FIELDS: Final[dict[str, tuple[type, ...]]] = {
 #: Accepted and without effect on the rendered request (OpenAI clients send them).
 _IGNORED_FIELDS: Final = frozenset({"user", "stream_options", "logit_bias_type", "metadata", "store"})
 
-_UNSUPPORTED_FIELDS: Final = frozenset({
-    "tools", "functions", "response_format", "chat_template", "chat_template_kwargs", "mm_processor_kwargs",
-    "media_io_kwargs", "logprobs", "top_logprobs", "prompt_logprobs", "logit_bias", "structured_outputs",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "use_beam_search", "echo", "suffix",
-    "best_of", "continue_final_message", "documents", "kv_transfer_params", "ec_transfer_params",
-    "vllm_xargs", "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "prompt_embeds",
-    "return_token_ids", "cache_salt", "mm_payload",
-})
+_UNSUPPORTED_FIELDS: Final = frozenset(
+    {
+        "tools",
+        "functions",
+        "response_format",
+        "chat_template",
+        "chat_template_kwargs",
+        "mm_processor_kwargs",
+        "media_io_kwargs",
+        "logprobs",
+        "top_logprobs",
+        "prompt_logprobs",
+        "logit_bias",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "use_beam_search",
+        "echo",
+        "suffix",
+        "best_of",
+        "continue_final_message",
+        "documents",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "vllm_xargs",
+        "bad_words",
+        "allowed_token_ids",
+        "truncate_prompt_tokens",
+        "prompt_embeds",
+        "return_token_ids",
+        "cache_salt",
+        "mm_payload",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +108,7 @@ class RenderRequest:
     add_generation_prompt: bool
     chat: bool
 
-    def fetched(self, data: Mapping[int, bytes]) -> "RenderRequest":
+    def fetched(self, data: Mapping[int, bytes]) -> RenderRequest:
         images = tuple(
             dataclasses.replace(image, data=data[index], url=None) if index in data else image
             for index, image in enumerate(self.images)
@@ -183,9 +211,7 @@ def _content(message: Mapping[str, Any], where: str, images: list[ImageSource], 
             images.append(_image_source(part, what))
             parts.append({"type": "image"})
         else:
-            raise errors.BadRequest(
-                f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url"
-            )
+            raise errors.BadRequest(f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url")
     return parts
 
 
@@ -237,8 +263,12 @@ def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int =
     if not isinstance(add_generation_prompt, bool):
         raise errors.BadRequest("'add_generation_prompt' must be a boolean")
     return RenderRequest(
-        conversation=tuple(conversation), prompt=None, images=tuple(images),
-        add_generation_prompt=add_generation_prompt, chat=True, **_common(payload),
+        conversation=tuple(conversation),
+        prompt=None,
+        images=tuple(images),
+        add_generation_prompt=add_generation_prompt,
+        chat=True,
+        **_common(payload),
     )
 
 
@@ -251,5 +281,10 @@ def parse_completion(body: bytes, *, reserved: tuple[str, ...] = ()) -> RenderRe
         raise errors.BadRequest("'prompt' must be a non-empty string (one prompt per request)")
     _check_reserved(prompt, "prompt", reserved)
     return RenderRequest(
-        conversation=None, prompt=prompt, images=(), add_generation_prompt=False, chat=False, **_common(payload),
+        conversation=None,
+        prompt=prompt,
+        images=(),
+        add_generation_prompt=False,
+        chat=False,
+        **_common(payload),
     )

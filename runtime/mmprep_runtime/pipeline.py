@@ -16,7 +16,8 @@ Every failure is an ``errors.RequestError``; the HTTP layer only maps them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Mapping, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 import orjson
@@ -78,8 +79,7 @@ def count_request_pixels(total: int, image: Any, what: str, limits: Limits) -> i
     total += width * height
     if total > limits.max_request_pixels:
         raise errors.MediaTooLarge(
-            f"the images up to {what} have {total} pixels together, over the request limit of "
-            f"{limits.max_request_pixels}"
+            f"the images up to {what} have {total} pixels together, over the request limit of {limits.max_request_pixels}"
         )
     return total
 

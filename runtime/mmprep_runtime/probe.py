@@ -33,7 +33,7 @@ def _short(text: str | None) -> str | None:
 def probe(settings: loading.ModelSettings) -> ProbeAnswer:
     """The probe's answer. Raises ``ModelLoadError`` when the processor cannot be loaded."""
     processor, facts = loading.load_processor(settings)
-    clone = executor.probe_clone(lambda: processor)
+    clone = executor.try_clone(lambda: processor)
     return ProbeAnswer.model_validate(
         {
             **facts.reported(),

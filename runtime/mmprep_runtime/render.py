@@ -23,7 +23,8 @@ import io
 import json
 import pathlib
 import uuid
-from typing import Any, Final, Mapping
+from collections.abc import Mapping
+from typing import Any, Final
 
 import orjson
 
@@ -93,7 +94,8 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         dtype=_torch_dtype_name(config),
         image_token_id=token_id,
         device_normalize=not settings.normalized_pixels and facts.processor_class in DEVICE_NORMALIZE_PROCESSORS,
-        expands_by_grid=facts.processor_class in DEVICE_NORMALIZE_PROCESSORS and token_id is not None
+        expands_by_grid=facts.processor_class in DEVICE_NORMALIZE_PROCESSORS
+        and token_id is not None
         and hasattr(getattr(processor, "image_processor", None), "merge_size"),
     )
 
@@ -130,8 +132,9 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM ignores it too
         oriented = plain
     if oriented and image.format == "JPEG":
-        return decoding.decode_image(data, what, max_pixels=limits.max_image_pixels, layout=layout), \
-            vllm_format.EncodedImage(data)
+        return decoding.decode_image(data, what, max_pixels=limits.max_image_pixels, layout=layout), vllm_format.EncodedImage(
+            data
+        )
     try:
         try:
             image = ImageOps.exif_transpose(image)
@@ -201,13 +204,14 @@ def _prompt_text(processor: Any, request: openai_chat.RenderRequest) -> str:
     template = _chat_template(processor)
     if template is None:
         raise errors.BadRequest(
-            "this model has no chat template (no chat_template.jinja in the processor folder); "
-            "use /v1/completions/render"
+            "this model has no chat template (no chat_template.jinja in the processor folder); use /v1/completions/render"
         )
     tokenizer = getattr(processor, "tokenizer", processor)
     try:
         text = tokenizer.apply_chat_template(
-            list(request.conversation or ()), chat_template=template, tokenize=False,
+            list(request.conversation or ()),
+            chat_template=template,
+            tokenize=False,
             add_generation_prompt=request.add_generation_prompt,
         )
     except Exception as exc:  # noqa: BLE001 - a template that raises rejects this conversation
@@ -224,8 +228,9 @@ def _to_model_dtype(tensor: Any, dtype: str | None) -> Any:
     return tensor.to(target) if isinstance(target, torch.dtype) else tensor
 
 
-def render(processor: Any, request: openai_chat.RenderRequest, facts: ProcessorFacts, model: ModelFacts,
-           limits: Limits) -> Rendered:
+def render(
+    processor: Any, request: openai_chat.RenderRequest, facts: ProcessorFacts, model: ModelFacts, limits: Limits
+) -> Rendered:
     import numpy as np
 
     images = []
@@ -255,11 +260,11 @@ def render(processor: Any, request: openai_chat.RenderRequest, facts: ProcessorF
         raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
     # A model without an image token renders no placeholder: the check below then refuses the images.
-    placeholders = vllm_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
+    placeholders = (
+        vllm_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
+    )
     if len(placeholders) != len(images):
-        raise errors.Unprocessable(
-            f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)"
-        )
+        raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)")
     items = _items(outputs, len(images), model.dtype if not model.device_normalize else None)
     hashes = [vllm_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
     return Rendered(token_ids, hashes, placeholders, items, request)
@@ -283,9 +288,7 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     ids = np.asarray(processor.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
     positions = np.flatnonzero(ids == model.image_token_id)
     if len(positions) != len(images):
-        raise errors.Unprocessable(
-            f"the rendered prompt has {len(positions)} image placeholder(s) for {len(images)} image(s)"
-        )
+        raise errors.Unprocessable(f"the rendered prompt has {len(positions)} image placeholder(s) for {len(images)} image(s)")
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[positions] = counts
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
@@ -306,8 +309,10 @@ def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[di
     flat = vllm_format.FlatField(tuple(slices))
     batched = vllm_format.BatchedField(keep_on_cpu=True)
     return [
-        {"pixel_values": vllm_format.KwargsElement(pixels[a:b], flat),
-         "image_grid_thw": vllm_format.KwargsElement(grid[index], batched)}
+        {
+            "pixel_values": vllm_format.KwargsElement(pixels[a:b], flat),
+            "image_grid_thw": vllm_format.KwargsElement(grid[index], batched),
+        }
         for index, (a, b) in enumerate(slices)
     ]
 
@@ -321,19 +326,30 @@ _OUTPUT_KIND_FINAL_ONLY: Final = 2
 
 #: ``ChatCompletionRequest``'s float sampling fields with their OpenAI defaults: vLLM always
 #: serializes them (msgspec omits a default only when it is the very default object).
-_FLOAT_FIELDS: Final = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                        "temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+_FLOAT_FIELDS: Final = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+}
 #: Fields serialized only when they differ from ``SamplingParams``' defaults.
-_OTHER_DEFAULTS: Final = {"top_k": 0, "n": 1, "min_tokens": 0, "ignore_eos": False, "skip_special_tokens": True,
-                          "spaces_between_special_tokens": True, "include_stop_str_in_output": False}
+_OTHER_DEFAULTS: Final = {
+    "top_k": 0,
+    "n": 1,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False,
+}
 
 
 def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
     """``sampling_params`` as vLLM's render serializes the ``SamplingParams`` it builds."""
     if prompt_tokens > max_model_len:
-        raise errors.BadRequest(
-            f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len})."
-        )
+        raise errors.BadRequest(f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len}).")
     room = max_model_len - prompt_tokens
     max_tokens = min(room, request.max_tokens) if request.max_tokens is not None else room
     sampling = request.sampling
@@ -386,11 +402,19 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
         }
     if request.chat:
         # The template arguments the answer was rendered with, vLLM's server defaults included.
-        template_kwargs = {"cohere_format": "cmd4", "add_generation_prompt": request.add_generation_prompt,
-                           "continue_final_message": False}
-        body["parse_context"] = {"tools": None, "tool_choice": "none", "parallel_tool_calls": True,
-                                 "include_reasoning": True, "chat_template_kwargs": template_kwargs,
-                                 "history_tool_call_cnt": 0}
+        template_kwargs = {
+            "cohere_format": "cmd4",
+            "add_generation_prompt": request.add_generation_prompt,
+            "continue_final_message": False,
+        }
+        body["parse_context"] = {
+            "tools": None,
+            "tool_choice": "none",
+            "parallel_tool_calls": True,
+            "include_reasoning": True,
+            "chat_template_kwargs": template_kwargs,
+            "history_tool_call_cnt": 0,
+        }
     return body, blobs
 
 

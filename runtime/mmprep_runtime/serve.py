@@ -16,11 +16,12 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
-from mmprep_runtime import cuda, exits, server
+from mmprep_runtime import cuda, exits, http_api
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
 logger = logging.getLogger("mmprep_runtime.serve")
@@ -32,17 +33,18 @@ EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 _TERMINATION_LIMIT = 4096
 
 
-async def run_server(
-    settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None
-) -> int:
-    app = server.create_app(settings)
-    state = app[server.STATE]
+async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None) -> int:
+    app = http_api.create_app(settings)
+    state = app[http_api.STATE]
     # No access log: formatting a line per request on the event loop costs throughput at
     # hundreds of requests per second; /metrics counts requests by outcome instead.
     # Handler cancellation: when a client goes away, its request gives up its slot and its job is
     # dropped if no worker has started it, instead of being processed for nobody.
     runner = web.AppRunner(
-        app, handle_signals=False, shutdown_timeout=settings.load.shutdown_grace_s, access_log=None,
+        app,
+        handle_signals=False,
+        shutdown_timeout=settings.load.shutdown_grace_s,
+        access_log=None,
         handler_cancellation=True,
     )
     await runner.setup()
@@ -72,8 +74,9 @@ async def run_server(
         exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
         if termination_log:
             write_termination_message(termination_log, str(state.startup_error))
-    logger.info("shutting down: refusing new requests, finishing %d in flight",
-                state.admission.in_flight if state.admission else 0)
+    logger.info(
+        "shutting down: refusing new requests, finishing %d in flight", state.admission.in_flight if state.admission else 0
+    )
     state.draining = True
     await site.stop()
     if state.admission is not None and not await state.admission.drained(settings.load.shutdown_grace_s):
@@ -123,6 +126,5 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
     code = run_event_loop(run_server(settings, termination_log=args.termination_log))
     if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
-        print("mmprep-runtime serve: the processor could not be started; the reason is logged above",
-              file=sys.stderr)
+        print("mmprep-runtime serve: the processor could not be started; the reason is logged above", file=sys.stderr)
     return code

@@ -2,7 +2,7 @@
 
 Precedence for worker counts and device: command-line flag, then environment (what the operator
 writes into the Deployment, ``contract.PoolDecisionEnv``), then the runtime's own decision
-(``policy.decide_workers``). Nothing
+(``sizing.decide_workers``). Nothing
 here is read at import time; ``from_args`` takes the environment as an argument so tests pass
 their own.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
-from typing import Mapping
+from collections.abc import Mapping
 
-from mmprep_runtime import policy
+from mmprep_runtime import sizing
 from mmprep_runtime.contract import (
     ENV_DEVICE,
     ENV_FAST_PATHS,
@@ -134,12 +134,12 @@ def _operator_decision(environ: Mapping[str, str]) -> PoolDecisionEnv | None:
         raise SettingsError(str(exc)) from None
 
 
-def _env_device(environ: Mapping[str, str]) -> policy.Device | None:
+def _env_device(environ: Mapping[str, str]) -> sizing.Device | None:
     text = environ.get(ENV_DEVICE, "").strip().lower()
     if not text:
         return None
     try:
-        return policy.Device(text)
+        return sizing.Device(text)
     except ValueError:
         raise SettingsError(f"{ENV_DEVICE} must be one of auto, cpu, cuda; got {text!r}") from None
 
@@ -156,13 +156,13 @@ def _env_switch(environ: Mapping[str, str], name: str) -> bool | None:
 
 
 def model_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelSettings:
-    device = policy.Device(args.device) if args.device else (_env_device(environ) or policy.Device.AUTO)
+    device = sizing.Device(args.device) if args.device else (_env_device(environ) or sizing.Device.AUTO)
     fast_paths = args.fast_paths if args.fast_paths is not None else _env_switch(environ, ENV_FAST_PATHS)
     return ModelSettings(
         model=args.model,
         revision=args.revision,
         trust_remote_code=bool(args.trust_remote_code),
-        backend=policy.Backend(args.backend) if args.backend else policy.Backend.AUTO,
+        backend=sizing.Backend(args.backend) if args.backend else sizing.Backend.AUTO,
         device=device,
         fast_paths=True if fast_paths is None else fast_paths,
     )
@@ -194,7 +194,8 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         render=_render_settings(args, environ),
         host=args.host,
         port=args.port,
-        processor_workers=args.processor_workers if args.processor_workers is not None
+        processor_workers=args.processor_workers
+        if args.processor_workers is not None
         else _env_count(environ, ENV_PROCESSOR_WORKERS),
         io_workers=args.io_workers if args.io_workers is not None else _env_count(environ, ENV_IO_WORKERS),
         operator_decision=_operator_decision(environ),
@@ -236,5 +237,7 @@ def _render_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Re
             raise SettingsError(f"--fetch-timeout must be positive, got {timeout}")
         fetch = dataclasses.replace(fetch, read_timeout_s=timeout)
     return RenderSettings(
-        normalized_pixels=normalized, served_model_name=getattr(args, "served_model_name", None), fetch=fetch,
+        normalized_pixels=normalized,
+        served_model_name=getattr(args, "served_model_name", None),
+        fetch=fetch,
     )

@@ -240,9 +240,7 @@ def make_model(
     try:
         kind = Kind(kind)
     except ValueError:
-        raise ModelBuildError(
-            f"unknown model kind {kind!r}; choose one of {', '.join(k.value for k in Kind)}"
-        ) from None
+        raise ModelBuildError(f"unknown model kind {kind!r}; choose one of {', '.join(k.value for k in Kind)}") from None
     if backend not in ("torchvision", "pil"):
         raise ModelBuildError(f"backend must be 'torchvision' or 'pil', got {backend!r}")
     out = pathlib.Path(out)

@@ -19,7 +19,8 @@ The compatibility tests decode what this module writes with vLLM's own decoder a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
 
 import numpy as np
 
@@ -129,9 +130,14 @@ class FlatField:
 
     def wire(self) -> list[Any]:
         leading = [[None, None, None]] * self.dim
-        return ["flat", {"keep_on_cpu": self.keep_on_cpu,
-                         "slices": [[*leading, [start, stop, None]] for start, stop in self.slices],
-                         "dim": self.dim}]
+        return [
+            "flat",
+            {
+                "keep_on_cpu": self.keep_on_cpu,
+                "slices": [[*leading, [start, stop, None]] for start, stop in self.slices],
+                "dim": self.dim,
+            },
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,23 +193,23 @@ def kwargs_item_base64(item: Mapping[str, KwargsElement]) -> bytes:
         tensor = element.data.contiguous()
         parts.append(msgpack.packb(key, use_bin_type=True))
         parts.append(b"\x82" + msgpack.packb("data", use_bin_type=True) + b"\x93")
-        parts.append(msgpack.packb([str(tensor.dtype).removeprefix("torch."), list(tensor.shape)],
-                                   use_bin_type=True)[1:])  # the two elements, without their array header
+        parts.append(
+            msgpack.packb([str(tensor.dtype).removeprefix("torch."), list(tensor.shape)], use_bin_type=True)[1:]
+        )  # the two elements, without their array header
         raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else None
         nbytes = 0 if raw is None else raw.nbytes
         if nbytes > _LARGE:
             parts.append(_ext_header(nbytes))
             parts.append(raw)
         else:
-            parts.append(msgpack.packb(msgpack.ExtType(RAW_VIEW_EXT, b"" if raw is None else raw.tobytes()),
-                                       use_bin_type=True))
+            parts.append(msgpack.packb(msgpack.ExtType(RAW_VIEW_EXT, b"" if raw is None else raw.tobytes()), use_bin_type=True))
         parts.append(msgpack.packb("field", use_bin_type=True) + msgpack.packb(element.field.wire(), use_bin_type=True))
     message = bytearray(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts))
     view = memoryview(message)
     offset = 0
     for part in parts:
         size = len(part) if isinstance(part, bytes) else part.nbytes
-        view[offset:offset + size] = part if isinstance(part, bytes) else memoryview(part).cast("B")
+        view[offset : offset + size] = part if isinstance(part, bytes) else memoryview(part).cast("B")
         offset += size
     encoded: bytes = b64encode(message)
     return encoded
@@ -227,13 +233,21 @@ def placeholder_runs(token_ids: Sequence[int] | np.ndarray[Any, Any], token_id: 
     return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2], strict=True)]
 
 
-_ERROR_TYPES: Final = {400: "BadRequestError", 404: "NotFoundError", 408: "BadRequestError",
-                       413: "BadRequestError", 415: "BadRequestError", 422: "BadRequestError",
-                       429: "TooManyRequestsError", 500: "InternalServerError", 501: "NotImplementedError",
-                       503: "ServiceUnavailableError", 504: "TimeoutError"}
+_ERROR_TYPES: Final = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    408: "BadRequestError",
+    413: "BadRequestError",
+    415: "BadRequestError",
+    422: "BadRequestError",
+    429: "TooManyRequestsError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+    504: "TimeoutError",
+}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's error answer: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"),
-                      "param": param, "code": status}}
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"), "param": param, "code": status}}

@@ -67,11 +67,9 @@ def _data_uri(data: bytes, media_type: str) -> str:
 @pytest.fixture(scope="session")
 def vllm_venv() -> pathlib.Path:
     """vLLM's virtualenv, installed on first use and cached by version (seconds when warm)."""
-    done = subprocess.run([str(HACK / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, timeout=3600,
-                          check=False)
+    done = subprocess.run([str(HACK / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
     if done.returncode != 0:
-        pytest.fail(f"hack/vllm/venv.sh failed with exit code {done.returncode}; see its output above",
-                    pytrace=False)
+        pytest.fail(f"hack/vllm/venv.sh failed with exit code {done.returncode}; see its output above", pytrace=False)
     return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
 
@@ -129,13 +127,14 @@ class Server:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait(self) -> "Server":
+    def wait(self) -> Server:
         wait_for(self.ready, START_TIMEOUT, what=f"{self.name} to be ready", interval=0.5, describe=self.tail)
         return self
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
                 return response.status, json.loads(response.read())
@@ -160,19 +159,47 @@ class Server:
 
 
 def start_vllm(venv: pathlib.Path, model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
-    command = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
-               "--port", str(_free_port()), "--mm-processor-cache-gb", "0"]
+    command = [
+        str(venv / "bin" / "vllm"),
+        "launch",
+        "render",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+        "--mm-processor-cache-gb",
+        "0",
+    ]
     if normalized:
         command.append("--no-mm-device-do-normalize")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
     env.pop("VIRTUAL_ENV", None)
     return Server("vLLM render", command, env, "/health", logs / f"vllm-{normalized}.log")
 
 
 def start_mmprep(model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
-    command = [sys.executable, "-m", "mmprep_runtime.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
-               "--port", str(_free_port()), "--fetch-allowed-networks", "127.0.0.1/32"]
+    command = [
+        sys.executable,
+        "-m",
+        "mmprep_runtime.cli",
+        "serve",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+        "--fetch-allowed-networks",
+        "127.0.0.1/32",
+    ]
     if normalized:
         command.append("--normalized-pixels")
     return Server("mmprep", command, dict(os.environ), "/health", logs / f"mmprep-{normalized}.log")
@@ -191,23 +218,54 @@ def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
         return {"type": "image_url", "image_url": {"url": url}}
 
     return {
-        "one image": (chat, {"messages": [{"role": "user", "content": [
-            image(one), {"type": "text", "text": "Describe this picture in one sentence."}]}]}),
-        "three images of different sizes": (chat, {"messages": [{"role": "user", "content": [
-            {"type": "text", "text": "How many people are in the image?"}, *[image(u) for u in three]]}],
-            "max_tokens": 64}),
+        "one image": (
+            chat,
+            {
+                "messages": [
+                    {"role": "user", "content": [image(one), {"type": "text", "text": "Describe this picture in one sentence."}]}
+                ]
+            },
+        ),
+        "three images of different sizes": (
+            chat,
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "How many people are in the image?"}, *[image(u) for u in three]],
+                    }
+                ],
+                "max_tokens": 64,
+            },
+        ),
         "text only": (chat, {"messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}]}),
-        "an image URL": (chat, {"messages": [{"role": "user", "content": [
-            image(f"{image_url}/photo.jpg"), {"type": "text", "text": "What is written on the page?"}]}]}),
-        "a system prompt and sampling fields": (chat, {
-            "messages": [
-                {"role": "system", "content": "A cat is sitting on a red mat."},
-                {"role": "user", "content": [image(one), {"type": "text", "text": "Describe this picture."}]},
-                {"role": "assistant", "content": "A cat."},
-                {"role": "user", "content": "Transcribe the audio and summarise it."},
-            ],
-            "max_tokens": 32, "temperature": 0.2, "top_p": 0.9, "seed": 7, "stop": ["\n"],
-        }),
+        "an image URL": (
+            chat,
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [image(f"{image_url}/photo.jpg"), {"type": "text", "text": "What is written on the page?"}],
+                    }
+                ]
+            },
+        ),
+        "a system prompt and sampling fields": (
+            chat,
+            {
+                "messages": [
+                    {"role": "system", "content": "A cat is sitting on a red mat."},
+                    {"role": "user", "content": [image(one), {"type": "text", "text": "Describe this picture."}]},
+                    {"role": "assistant", "content": "A cat."},
+                    {"role": "user", "content": "Transcribe the audio and summarise it."},
+                ],
+                "max_tokens": 32,
+                "temperature": 0.2,
+                "top_p": 0.9,
+                "seed": 7,
+                "stop": ["\n"],
+            },
+        ),
         "a completion prompt": ("/v1/completions/render", {"prompt": "The quick brown fox", "max_tokens": 5}),
     }
 
@@ -234,24 +292,40 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, image_serv
             if ours_status == theirs_status == 200:
                 manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
         (work / "manifest.json").write_text(json.dumps(manifest))
-        checked = subprocess.run([str(vllm_venv / "bin" / "python"), str(CHECKER), str(work / "manifest.json")],
-                                 capture_output=True, text=True, timeout=600, check=False,
-                                 env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"})
+        checked = subprocess.run(
+            [str(vllm_venv / "bin" / "python"), str(CHECKER), str(work / "manifest.json")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
+        )
         assert checked.returncode == 0, checked.stderr[-3000:]
         results = json.loads(checked.stdout.strip().splitlines()[-1])
         models = (mmprep.get("/v1/models"), vllm.get("/v1/models"))
         error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
-        errors = (mmprep.post("/v1/chat/completions/render", error_body),
-                  vllm.post("/v1/chat/completions/render", error_body))
-        return {"statuses": statuses, "results": results, "models": models, "errors": errors, "work": work,
-                "logs": (mmprep.tail(), vllm.tail())}
+        errors = (mmprep.post("/v1/chat/completions/render", error_body), vllm.post("/v1/chat/completions/render", error_body))
+        return {
+            "statuses": statuses,
+            "results": results,
+            "models": models,
+            "errors": errors,
+            "work": work,
+            "logs": (mmprep.tail(), vllm.tail()),
+        }
     finally:
         mmprep.stop()
         vllm.stop()
 
 
-CASE_NAMES = ["one image", "three images of different sizes", "text only", "an image URL",
-              "a system prompt and sampling fields", "a completion prompt"]
+CASE_NAMES = [
+    "one image",
+    "three images of different sizes",
+    "text only",
+    "an image URL",
+    "a system prompt and sampling fields",
+    "a completion prompt",
+]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
@@ -266,8 +340,12 @@ def test_vllm_accepts_and_equals_what_mmprep_renders(compared, case):
 
 def test_the_pixel_hand_off_is_uint8_by_default_and_normalized_on_request(compared, request):
     normalized = "normalized" in request.node.callspec.id
-    dtypes = {summary["pixel_dtype"] for result in compared["results"].values()
-              for summary in result["summary"].values() if summary.get("pixel_dtype")}
+    dtypes = {
+        summary["pixel_dtype"]
+        for result in compared["results"].values()
+        for summary in result["summary"].values()
+        if summary.get("pixel_dtype")
+    }
     assert dtypes == ({"torch.bfloat16"} if normalized else {"torch.uint8"}), dtypes
 
 

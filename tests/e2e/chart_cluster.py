@@ -12,13 +12,13 @@ import contextlib
 import dataclasses
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from packaging_support import CHART, helm
 from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube, condition, condition_is, pool_for, wait_for
 
@@ -72,7 +72,20 @@ def installed_chart(cluster: Cluster, namespace: str, values: dict[str, Any]) ->
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(values, f)
         f.flush()
-        done = helm("install", name, str(CHART), "--namespace", namespace, "-f", f.name, "--wait", "--timeout", "120s", env=env, timeout=180)
+        done = helm(
+            "install",
+            name,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "-f",
+            f.name,
+            "--wait",
+            "--timeout",
+            "120s",
+            env=env,
+            timeout=180,
+        )
     try:
         yield ChartRelease(cluster=cluster, name=name, namespace=namespace, notes=done.stdout.partition("NOTES:")[2])
     finally:
@@ -129,7 +142,7 @@ def full_reconcile(kube: Kube, namespace: str, model: Path, *, name: str = "rbac
         obj = kube.get_mmp(namespace, name)
         return obj if condition_is(obj, "Ready", "True") else None
 
-    obj = wait_for(ready, timeout, what=f"{namespace}/{name} Ready", describe=lambda: (kube.get_mmp(namespace, name).get("status")))
+    obj = wait_for(ready, timeout, what=f"{namespace}/{name} Ready", describe=lambda: kube.get_mmp(namespace, name).get("status"))
     assert condition_is(obj, "Probed", "True"), condition(obj, "Probed")
     assert condition_is(obj, "Cloneable", "True"), condition(obj, "Cloneable")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]

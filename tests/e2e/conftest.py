@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from support.kube import Kube, wait_for
 
 PRIVATE_PREFIX = "pkg-"

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from packaging_support import EXAMPLES
 from support.kube import Kube, condition_is, wait_for
 
@@ -59,14 +58,21 @@ def pools_of_rendered(objects: list[dict[str, Any]]) -> Expectation:
     return out
 
 
-def wait_until_decided_and_ready(kube: Kube, namespace: str, name: str, expected: Expectation, *, timeout: float) -> dict[str, Any]:
+def wait_until_decided_and_ready(
+    kube: Kube, namespace: str, name: str, expected: Expectation, *, timeout: float
+) -> dict[str, Any]:
     """Wait for the resource to be Ready with exactly the expected pools; return it."""
 
     def done() -> dict[str, Any] | None:
         obj = kube.get_mmp(namespace, name)
         return obj if condition_is(obj, "Ready", "True") and pools_of_status(obj) == expected else None
 
-    return wait_for(done, timeout, what=f"{namespace}/{name} Ready with pools {expected}", describe=lambda: kube.get_mmp(namespace, name).get("status"))
+    return wait_for(
+        done,
+        timeout,
+        what=f"{namespace}/{name} Ready with pools {expected}",
+        describe=lambda: kube.get_mmp(namespace, name).get("status"),
+    )
 
 
 def write_models_dir(root: Path, qwen2_vl: Path) -> Path:

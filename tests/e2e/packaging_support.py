@@ -61,14 +61,18 @@ def helm_binary() -> str:
     return str(helm)
 
 
-def helm(*args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def helm(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if check and done.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
     return done
 
 
-def template(values: dict[str, Any] | None = None, *, namespace: str = "mmprep-system", release: str = "mmprep") -> list[dict[str, Any]]:
+def template(
+    values: dict[str, Any] | None = None, *, namespace: str = "mmprep-system", release: str = "mmprep"
+) -> list[dict[str, Any]]:
     """`helm template` of the chart with these values: the rendered objects."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(values or {}, f)

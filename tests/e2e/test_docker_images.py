@@ -19,16 +19,15 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import yaml
-
 from packaging_support import (
     DOCKER_HACK,
-    REPO,
     OPERATOR_IMAGE,
+    REPO,
     RUNTIME_IMAGE,
     docker,
     image_config,
@@ -132,7 +131,9 @@ def test_operator_image_also_builds_online_with_the_ca_bundle_as_a_build_secret(
 
     tag = f"online-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "MMPREP_WHEELHOUSE": "0", "IMAGE_TAG": tag}
-    done = subprocess.run([str(DOCKER_HACK / "build-images.sh"), "operator"], env=env, capture_output=True, text=True, timeout=1200, check=False)
+    done = subprocess.run(
+        [str(DOCKER_HACK / "build-images.sh"), "operator"], env=env, capture_output=True, text=True, timeout=1200, check=False
+    )
     try:
         assert done.returncode == 0, done.stderr[-4000:]
         image = f"mmprep-operator:{tag}"
@@ -262,7 +263,15 @@ def test_probe_job_the_operator_renders_writes_its_answer_to_the_termination_log
     message = tmp_path / "termination-log"
     message.write_text("")
     message.chmod(0o666)
-    done = docker("run", "--rm", "--network", "none", "-v", f"{message}:{message_path}", *_docker_args(pod, {"models": _models(model_dir, tmp_path, kind)}))
+    done = docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{message}:{message_path}",
+        *_docker_args(pod, {"models": _models(model_dir, tmp_path, kind)}),
+    )
     stdout = json.loads(done.stdout)
     raw = message.read_bytes()
     assert len(raw) < 4096, "a termination message must stay under 4 KiB"
@@ -290,7 +299,6 @@ def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_
     import base64
 
     import yaml as _yaml
-
     from chart_cluster import full_reconcile, installed_chart, wait_until_granted
 
     namespace = private_namespace  # watched by this container only

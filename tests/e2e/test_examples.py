@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
-
 from example_scenarios import (
     example_names,
     expected_pools,
@@ -33,7 +32,11 @@ from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube
 def probe_result(model_dir: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The real probe's answer for the examples' model (qwen2-vl)."""
     done = subprocess.run(
-        [venv_script("mmprep-runtime"), "probe", "--model", str(model_dir("qwen2-vl"))], capture_output=True, text=True, timeout=300, check=False
+        [venv_script("mmprep-runtime"), "probe", "--model", str(model_dir("qwen2-vl"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
@@ -44,7 +47,10 @@ def test_example_renders_the_pools_its_comment_promises(name: str, probe_result:
     probe_file = tmp_path / "probe.json"
     probe_file.write_text(json.dumps(probe_result))
     done = subprocess.run(
-        [venv_script("mmprep-operator"), "render", "-f", str(EXAMPLES / f"{name}.yaml"), "--nodes", str(HACK / "nodes.yaml"), "--probe", str(probe_file)],
+        [
+            venv_script("mmprep-operator"), "render", "-f", str(EXAMPLES / f"{name}.yaml"),
+            "--nodes", str(HACK / "nodes.yaml"), "--probe", str(probe_file),
+        ],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -67,7 +73,9 @@ def _localized(name: str, models: Path) -> dict:
 def test_examples_as_written_are_accepted_by_the_api_server(cluster: Cluster, crd: str, kube: Kube, namespace: str) -> None:
     """Server-side dry run of every example exactly as committed: schema, defaults and CEL rules."""
     for name in example_names():
-        done = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", str(EXAMPLES / f"{name}.yaml"), "-o", "json")
+        done = cluster.kubectl(
+            "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", str(EXAMPLES / f"{name}.yaml"), "-o", "json"
+        )
         obj = json.loads(done.stdout)
         assert obj["spec"]["model"]["path"] == "/models/qwen2-vl"
         assert obj["spec"]["model"]["trustRemoteCode"] is False, "defaults come from the CRD"
@@ -87,6 +95,6 @@ def test_examples_applied_to_the_local_cluster_reach_ready_with_their_pools(
     models = write_models_dir(tmp_path / "models", model_dir("qwen2-vl"))
     docs = [_localized(name, models) for name in example_names()]
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
-    for name, doc in zip(example_names(), docs):
+    for name, doc in zip(example_names(), docs, strict=True):
         expected = expected_pools(name, probe_result.get("declared_workers"))
         wait_until_decided_and_ready(kube, namespace, doc["metadata"]["name"], expected, timeout=240)

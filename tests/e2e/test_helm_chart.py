@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from mmprep_runtime import errors
-
 from packaging_support import (
     CHART,
     REPO,
@@ -28,6 +25,8 @@ from packaging_support import (
     template,
     template_error,
 )
+
+from mmprep_runtime import errors
 
 ALL_FEATURES = {
     "serviceMonitor": {"enabled": True},
@@ -49,7 +48,16 @@ def test_default_install_renders_the_operator_and_its_rights_only() -> None:
     rendered = template()
     kinds = sorted(o["kind"] for o in rendered)
     assert kinds == sorted(
-        ["ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Service", "Deployment"]
+        [
+            "ServiceAccount",
+            "ConfigMap",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+        ]
     )
     assert not objects(rendered, "RoleBinding")
 
@@ -117,7 +125,10 @@ def test_policy_values_are_accepted_by_the_operators_policy_parser(tmp_path: Pat
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert "--policy-file=/etc/mmprep/policy.yaml" in container["args"]
-    assert pod["metadata"]["annotations"]["checksum/policy"] != one(template(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/policy"]
+    assert (
+        pod["metadata"]["annotations"]["checksum/policy"]
+        != one(template(), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/policy"]
+    )
 
 
 def test_runtime_image_defaults_to_the_chart_app_version() -> None:
@@ -207,7 +218,9 @@ def test_values_schema_rejects_bad_values_with_the_field_named(values: dict, com
 
 def test_crds_in_the_chart_are_what_the_models_generate() -> None:
     (chart_crd,) = sorted((CHART / "crds").glob("*.yaml"))
-    assert chart_crd.read_text() == operator_cli("crd"), "charts/mmprep/crds drifted from `mmprep-operator crd`; run `make chart-sync`"
+    assert chart_crd.read_text() == operator_cli("crd"), (
+        "charts/mmprep/crds drifted from `mmprep-operator crd`; run `make chart-sync`"
+    )
     repo_crds = sorted((REPO / "crds").glob("*.yaml"))
     assert [p.read_text() for p in repo_crds] == [chart_crd.read_text()], "charts/mmprep/crds differs from crds/"
 
@@ -296,6 +309,11 @@ def test_chart_packages_with_its_crds_schema_and_rbac_file(tmp_path: Path) -> No
     (package,) = tmp_path.glob("mmprep-*.tgz")
     with tarfile.open(package) as tar:
         names = set(tar.getnames())
-    for needed in ("crds/multimodalpreprocessors.mmprep.dev.yaml", "values.schema.json", "files/operator-clusterrole.yaml", "templates/NOTES.txt"):
+    for needed in (
+        "crds/multimodalpreprocessors.mmprep.dev.yaml",
+        "values.schema.json",
+        "files/operator-clusterrole.yaml",
+        "templates/NOTES.txt",
+    ):
         assert f"mmprep/{needed}" in names, f"{needed} missing from {package.name}"
     assert "0 chart(s) failed" in helm("lint", str(package), "--kube-version", "1.35.4").stdout

@@ -23,18 +23,19 @@ import subprocess
 import textwrap
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
+from example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
-
-from example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
-from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pool_for, pools, wait_for
+from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
+
+from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 
 # Setup builds the images and the node image and creates the cluster: many minutes the first time.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -67,7 +68,9 @@ class KindCluster:
     kubectl_binary: str
     helm_binary: str
 
-    def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [self.kubectl_binary, "--kubeconfig", str(self.kubeconfig), *args],
             input=input, capture_output=True, text=True, timeout=timeout, check=False,
@@ -96,7 +99,11 @@ def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
     up = subprocess.run([str(DOCKER_HACK / "kind-up.sh")], env=env, text=True, stdout=subprocess.PIPE, timeout=5400, check=False)
     try:
         assert up.returncode == 0, "hack/docker/kind-up.sh failed; see its output above"
-        cp_bin = Path(subprocess.run([str(HACK / "build-control-plane.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[-1])
+        cp_bin = Path(
+            subprocess.run([str(HACK / "build-control-plane.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[
+                -1
+            ]
+        )
         from kubernetes import config
 
         kube = Kube(config.new_client_from_config(config_file=str(kubeconfig)))
@@ -132,7 +139,9 @@ def _probe_result(kube: Kube, name: str) -> dict[str, Any]:
             raise AssertionError(f"probe failed: {probed_condition}")
         return (status.get("probe") or {}).get("result")
 
-    return wait_for(probed, 900, what=f"{name}: the probe Job's result", describe=lambda: kube.get_mmp(NAMESPACE, name).get("status"))
+    return wait_for(
+        probed, 900, what=f"{name}: the probe Job's result", describe=lambda: kube.get_mmp(NAMESPACE, name).get("status")
+    )
 
 
 def _apply_example(kind: KindCluster, name: str) -> dict[str, Any]:
@@ -189,7 +198,12 @@ def _run_client_pod(kind: KindCluster, script: str, *, node: str) -> str:
             phase = kind.kube.core.read_namespaced_pod(name, NAMESPACE).status.phase
             return phase if phase in ("Succeeded", "Failed") else None
 
-        phase = wait_for(finished, 300, what=f"client pod {name} to finish", describe=lambda: kind.kube.core.read_namespaced_pod(name, NAMESPACE).status)
+        phase = wait_for(
+            finished,
+            300,
+            what=f"client pod {name} to finish",
+            describe=lambda: kind.kube.core.read_namespaced_pod(name, NAMESPACE).status,
+        )
         logs = kind.kube.core.read_namespaced_pod_log(name, NAMESPACE)
         assert phase == "Succeeded", f"client pod {phase}:\n{logs}"
         return str(logs)
@@ -219,7 +233,9 @@ def test_the_cluster_has_real_kubelets_and_a_fake_h200_node(kind: KindCluster) -
     assert gpu.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
     # Advertised through node status; the kubelet then makes it allocatable, so pods can request it.
     wait_for(
-        lambda: kind.kube.core.read_node(GPU_NODE).status.allocatable.get("nvidia.com/gpu") == "8", 60, what="8 allocatable GPUs on the H200 node"
+        lambda: kind.kube.core.read_node(GPU_NODE).status.allocatable.get("nvidia.com/gpu") == "8",
+        60,
+        what="8 allocatable GPUs on the H200 node",
     )
     assert "nvidia.com/gpu" not in (nodes[CPU_NODE].status.capacity or {})
 
@@ -234,7 +250,9 @@ def test_every_example_reconciles_with_the_pools_its_comment_promises(kind: Kind
         deployment = kind.kube.apps.read_namespaced_deployment(pools(obj)[0]["deployment"], NAMESPACE)
         assert container_env(deployment)["MMPREP_DEVICE"] == "cuda"
         running = wait_for(
-            lambda: [p for p in kind.kube.pods(NAMESPACE, f"mmprep.dev/resource={mmp}") if p.spec.node_name], 300, what="a scheduled GPU pod"
+            lambda: [p for p in kind.kube.pods(NAMESPACE, f"mmprep.dev/resource={mmp}") if p.spec.node_name],
+            300,
+            what="a scheduled GPU pod",
         )
         assert {p.spec.node_name for p in running} == {GPU_NODE}
         _delete_mmps(kind, [mmp])  # its pods crash-loop without CUDA; free the CPU they burn
@@ -316,15 +334,21 @@ def test_relabelling_a_node_moves_its_pool_and_kubectl_scale_works(kind: KindClu
     label = "mmprep.dev/e2e-mover"
     kube = kind.kube
     kube.core.patch_node(GPU_NODE, {"metadata": {"labels": {label: "yes"}}})
-    kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(_mmp("mover", nodeSelector={label: "yes"})))
+    kind.kubectl(
+        "apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(_mmp("mover", nodeSelector={label: "yes"}))
+    )
     try:
-        obj = kube.wait_mmp(NAMESPACE, "mover", lambda o: [p["name"] for p in pools(o)] == ["nvidia-h200"], 600, what="an H200 pool")
+        obj = kube.wait_mmp(
+            NAMESPACE, "mover", lambda o: [p["name"] for p in pools(o)] == ["nvidia-h200"], 600, what="an H200 pool"
+        )
         h200_deployment = pools(obj)[0]["deployment"]
 
         # The label moves from the H200 node to the CPU node: the pool follows it.
         kube.core.patch_node(GPU_NODE, {"metadata": {"labels": {label: None}}})
         kube.core.patch_node(CPU_NODE, {"metadata": {"labels": {label: "yes"}}})
-        obj = kube.wait_mmp(NAMESPACE, "mover", lambda o: [p["name"] for p in pools(o)] == ["cpu"], 120, what="the pool moved to cpu")
+        obj = kube.wait_mmp(
+            NAMESPACE, "mover", lambda o: [p["name"] for p in pools(o)] == ["cpu"], 120, what="the pool moved to cpu"
+        )
         cpu_deployment = kube.apps.read_namespaced_deployment(pools(obj)[0]["deployment"], NAMESPACE)
         assert cpu_deployment.spec.template.spec.node_selector[label] == "yes"
 
@@ -340,7 +364,9 @@ def test_relabelling_a_node_moves_its_pool_and_kubectl_scale_works(kind: KindClu
         kind.kubectl("scale", "-n", NAMESPACE, "mmp/mover", "--replicas", "2")
         obj = kube.wait_mmp(NAMESPACE, "mover", lambda o: o["status"].get("replicas") == 2, 120, what="2 replicas")
         assert kube.apps.read_namespaced_deployment(pools(obj)[0]["deployment"], NAMESPACE).spec.replicas == 2
-        scale = kube.custom.get_namespaced_custom_object_scale("mmprep.dev", "v1alpha1", NAMESPACE, "multimodalpreprocessors", "mover")
+        scale = kube.custom.get_namespaced_custom_object_scale(
+            "mmprep.dev", "v1alpha1", NAMESPACE, "multimodalpreprocessors", "mover"
+        )
         assert scale["spec"]["replicas"] == 2
     finally:
         _delete_mmps(kind, ["mover"])
@@ -370,7 +396,9 @@ def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kin
             kube.wait_mmp(
                 NAMESPACE,
                 name,
-                lambda o: condition_is(o, "Ready", "True") and o["status"].get("observedGeneration") == o["metadata"]["generation"],
+                lambda o: (
+                    condition_is(o, "Ready", "True") and o["status"].get("observedGeneration") == o["metadata"]["generation"]
+                ),
                 900,
                 what="Ready after the operator restarted",
             )
@@ -403,9 +431,25 @@ def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resou
     before = uids()
     [operator_before] = _operator_pods(kube)
 
-    kind.helm("upgrade", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--reuse-values", "--set", "podAnnotations.mmprep\\.dev/e2e=upgraded", "--wait", "--timeout", "300s")
+    kind.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        RELEASE_NAMESPACE,
+        "--reuse-values",
+        "--set",
+        "podAnnotations.mmprep\\.dev/e2e=upgraded",
+        "--wait",
+        "--timeout",
+        "300s",
+    )
     [operator_after] = wait_for(
-        lambda: [p for p in _operator_pods(kube) if p.status.phase == "Running" and (p.metadata.annotations or {}).get("mmprep.dev/e2e")],
+        lambda: [
+            p
+            for p in _operator_pods(kube)
+            if p.status.phase == "Running" and (p.metadata.annotations or {}).get("mmprep.dev/e2e")
+        ],
         300,
         what="the upgraded operator pod",
     )

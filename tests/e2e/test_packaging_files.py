@@ -11,7 +11,6 @@ import sys
 import tomllib
 
 import pytest
-
 from packaging_support import DOCKER_HACK, REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()

@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
+from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart, wait_until_granted
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart, wait_until_granted
 from support.kube import Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
 
@@ -100,7 +99,9 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
             "patch a Deployment elsewhere": lambda: sa.apps.patch_namespaced_deployment(
                 "not-ours", other_namespace, {"spec": {"replicas": 1}}, dry_run=dry
             ),
-            "delete a Deployment elsewhere": lambda: sa.apps.delete_namespaced_deployment("not-ours", other_namespace, dry_run=dry),
+            "delete a Deployment elsewhere": lambda: sa.apps.delete_namespaced_deployment(
+                "not-ours", other_namespace, dry_run=dry
+            ),
             "create a Deployment elsewhere": lambda: sa.apps.create_namespaced_deployment(
                 other_namespace, foreign_deployment("new", {}), dry_run=dry
             ),
@@ -164,6 +165,7 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
     """RBAC cannot protect a Deployment in a watched namespace from the operator; its code must:
     it does not overwrite an object another owner controls, and reports NameConflict instead."""
     from chart_cluster import make_spec
+
     from mmprep_operator import render
 
     name = "takeover"
@@ -182,7 +184,9 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
         conditions = (kube.get_mmp(namespace, name).get("status") or {}).get("conditions") or []
         return next((c for c in conditions if c.get("reason") == "NameConflict"), None)
 
-    reported = wait_for(conflict_reported, 120, what="a NameConflict condition", describe=lambda: kube.get_mmp(namespace, name).get("status"))
+    reported = wait_for(
+        conflict_reported, 120, what="a NameConflict condition", describe=lambda: kube.get_mmp(namespace, name).get("status")
+    )
     assert taken in reported["message"], reported
     theirs = kube.apps.read_namespaced_deployment(taken, namespace)
     assert not theirs.metadata.owner_references, "the operator adopted a Deployment it did not create"
@@ -196,7 +200,6 @@ def test_every_object_the_chart_renders_is_valid_for_the_real_api_server(
     """Server-side dry run of the chart's objects (schemas of the real API server, RBAC objects
     included; the monitoring kinds need the Prometheus Operator's CRDs, absent here)."""
     import yaml
-
     from packaging_support import template
 
     values: dict = {"policy": {"overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}}

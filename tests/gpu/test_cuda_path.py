@@ -9,14 +9,13 @@ import json
 import threading
 
 import aiohttp
-import pytest
 import torch
 from aiohttp import web
 from PIL import Image
 
-from mmprep_runtime import bench, cuda, engine, loading, server, testing_models
-from mmprep_runtime.policy import Device, Path
+from mmprep_runtime import bench, cuda, engine, http_api, loading, testing_models
 from mmprep_runtime.settings import ServeSettings
+from mmprep_runtime.sizing import Device, Path
 from mmprep_runtime.testing_media import jpeg
 
 TIMEOUT = 120
@@ -77,15 +76,18 @@ def test_uploads_land_on_the_device_and_outputs_match_the_cpu_within_tolerance(q
 
 async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on_the_cpu(qwen_dir) -> None:
     settings = ServeSettings(
-        model=loading.ModelSettings(str(qwen_dir), device=Device.CUDA), host="127.0.0.1", port=0, processor_workers=2,
+        model=loading.ModelSettings(str(qwen_dir), device=Device.CUDA),
+        host="127.0.0.1",
+        port=0,
+        processor_workers=2,
     )
-    app = server.create_app(settings)
+    app = http_api.create_app(settings)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    state = app[server.STATE]
+    state = app[http_api.STATE]
     try:
         await asyncio.wait_for(state.settled.wait(), TIMEOUT)
         assert state.startup_error is None, state.startup_error
@@ -104,7 +106,12 @@ async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on
 
 def test_the_bench_baseline_runs_on_the_pools_device(qwen_dir) -> None:
     report = bench.run(
-        loading.ModelSettings(str(qwen_dir), device=Device.CUDA), [1], duration=1.0, size=(320, 240), warmup=0.2,
-        progress=False, rounds=1,
+        loading.ModelSettings(str(qwen_dir), device=Device.CUDA),
+        [1],
+        duration=1.0,
+        size=(320, 240),
+        warmup=0.2,
+        progress=False,
+        rounds=1,
     )
     assert report["device"] == "cuda:0" and report["direct"]["requests"] > 0

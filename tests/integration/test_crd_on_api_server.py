@@ -37,7 +37,9 @@ def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        pytest.param({"model": {"path": "/m", "id": "org/m"}}, "set exactly one of model.path and model.id", id="two-model-sources"),
+        pytest.param(
+            {"model": {"path": "/m", "id": "org/m"}}, "set exactly one of model.path and model.id", id="two-model-sources"
+        ),
         pytest.param({"model": {}}, "set exactly one of model.path and model.id", id="no-model-source"),
         pytest.param({"backend": "pil"}, "spec.model: Required value", id="model-missing"),
         pytest.param(
@@ -49,7 +51,9 @@ def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
         pytest.param(
             {"model": {"path": "/m"}, "workers": {"processor": 65}}, "should be less than or equal to 64", id="too-many-workers"
         ),
-        pytest.param({"model": {"path": "/m"}, "backend": "opencv"}, 'supported values: "auto", "pil", "torchvision"', id="bad-backend"),
+        pytest.param(
+            {"model": {"path": "/m"}, "backend": "opencv"}, 'supported values: "auto", "pil", "torchvision"', id="bad-backend"
+        ),
         pytest.param(
             {"model": {"path": "/m"}, "workers": {"overrides": [{"processor": 2}]}},
             "an override names exactly one of gpuProduct and gpuFamily",

@@ -95,9 +95,11 @@ def test_a_server_pod_gets_a_local_port_turns_ready_and_stops_when_deleted(kube:
         ),
     )
     ready = wait_for(
-        lambda: (p := kube.core.read_namespaced_pod("server", namespace)).status.conditions
-        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
-        and p,
+        lambda: (
+            (p := kube.core.read_namespaced_pod("server", namespace)).status.conditions
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
+            and p
+        ),
         60,
         what="the server pod Ready",
     )

@@ -44,7 +44,9 @@ def test_the_simulated_nodes_carry_gpu_labels_and_capacity(kube: Kube) -> None:
 def test_rbac_and_serviceaccount_tokens_are_enforced(cluster: Cluster, kube: Kube, namespace: str) -> None:
     kube.core.create_namespaced_service_account(namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="reader")))
     token = kube.core.create_namespaced_service_account_token(
-        "reader", namespace, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
+        "reader",
+        namespace,
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)),
     ).status.token
     config = client.Configuration()
     config.host = kube.api.configuration.host
@@ -65,7 +67,9 @@ def test_rbac_and_serviceaccount_tokens_are_enforced(cluster: Cluster, kube: Kub
         wait_for(lambda: status_of_listing_pods() == 403, 30, what="403 for a token without a role")
         # Grant exactly "list pods here", and only that works.
         rbac = client.RbacAuthorizationV1Api(kube.api)
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": "pods"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+        rbac.create_namespaced_role(
+            namespace, {"metadata": {"name": "pods"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}
+        )
         rbac.create_namespaced_role_binding(
             namespace,
             {

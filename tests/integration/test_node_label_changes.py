@@ -36,7 +36,13 @@ class SimulatedNodes:
             "metadata": {
                 "name": name,
                 "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.product": product, **GFD[product], **labels},
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": name,
+                    "nvidia.com/gpu.product": product,
+                    **GFD[product],
+                    **labels,
+                },
             },
             # Capacity as the device plugin would report it (the API server takes status on create).
             "status": {"capacity": resources, "allocatable": resources},
@@ -75,7 +81,9 @@ def test_labeling_new_gb300_nodes_creates_their_pool_and_removing_them_deletes_i
     for i in range(2):
         nodes.create(f"{namespace}-h200-{i}", "NVIDIA-H200", mine)
     kube.create_mmp(namespace, "mover", make_spec(model_dir("qwen2-vl"), nodeSelector=mine, resources=GPU_LIMIT, replicas=4))
-    obj = kube.wait_mmp(namespace, "mover", lambda o: [p.get("gpuProduct") for p in pools(o)] == ["NVIDIA-H200"], 180, what="one H200 pool")
+    obj = kube.wait_mmp(
+        namespace, "mover", lambda o: [p.get("gpuProduct") for p in pools(o)] == ["NVIDIA-H200"], 180, what="one H200 pool"
+    )
     assert pool_for(obj, "NVIDIA-H200")["replicas"] == 4
 
     # New GB300 trays join the cluster, then get labeled into this resource's scope.
@@ -85,18 +93,24 @@ def test_labeling_new_gb300_nodes_creates_their_pool_and_removing_them_deletes_i
     for name in gb300:
         nodes.label(name, mine)
     # The pool may first appear with one node (the labels land one by one); wait for both.
-    obj = kube.wait_mmp(namespace, "mover", lambda o: (pool_for(o, "NVIDIA-GB300") or {}).get("nodes") == 2, 30, what="a GB300 pool of 2")
+    obj = kube.wait_mmp(
+        namespace, "mover", lambda o: (pool_for(o, "NVIDIA-GB300") or {}).get("nodes") == 2, 30, what="a GB300 pool of 2"
+    )
     gb = pool_for(obj, "NVIDIA-GB300")
     # The operator's policy (tests/conftest.py) encodes a GB300 GPU-path measurement: 3 workers.
     assert (gb["path"], gb["processorWorkers"], gb["reason"]) == ("gpu", 3, "Override")
     deployment = wait_for(lambda: kube.apps.read_namespaced_deployment(gb["deployment"], namespace), 30, what="GB300 Deployment")
     assert deployment.spec.template.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-GB300"
     # Replicas follow the nodes: 4 pods over two pools of two nodes each.
-    obj = kube.wait_mmp(namespace, "mover", lambda o: sorted(p["replicas"] for p in pools(o)) == [2, 2], 30, what="2 + 2 replicas")
+    obj = kube.wait_mmp(
+        namespace, "mover", lambda o: sorted(p["replicas"] for p in pools(o)) == [2, 2], 30, what="2 + 2 replicas"
+    )
 
     # Removing one label shrinks the pool; removing the nodes deletes it and its Deployment.
     nodes.label(gb300[0], {"mmprep.dev/test-nodes": None})
-    kube.wait_mmp(namespace, "mover", lambda o: (pool_for(o, "NVIDIA-GB300") or {}).get("nodes") == 1, 30, what="GB300 pool of 1 node")
+    kube.wait_mmp(
+        namespace, "mover", lambda o: (pool_for(o, "NVIDIA-GB300") or {}).get("nodes") == 1, 30, what="GB300 pool of 1 node"
+    )
     nodes.delete(gb300[1])
     obj = kube.wait_mmp(namespace, "mover", lambda o: pool_for(o, "NVIDIA-GB300") is None, 30, what="GB300 pool gone")
     assert pool_for(obj, "NVIDIA-H200")["replicas"] == 4

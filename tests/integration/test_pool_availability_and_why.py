@@ -42,7 +42,9 @@ def test_each_pool_has_an_owned_disruption_budget_that_counts_its_pods_and_goes_
         assert budget.spec.selector.match_labels == deployments[name].spec.selector.match_labels
     # The disruption controller counts each pool's running pod against its budget.
     wait_for(
-        lambda: all((b.status and b.status.expected_pods == 1 and b.status.current_healthy == 1) for b in budgets(kube, namespace)),
+        lambda: all(
+            (b.status and b.status.expected_pods == 1 and b.status.current_healthy == 1) for b in budgets(kube, namespace)
+        ),
         60,
         what="each budget counting its pool's pod",
         describe=lambda: [(b.metadata.name, b.status) for b in budgets(kube, namespace)],
@@ -68,7 +70,9 @@ def test_a_service_name_taken_by_someone_else_stops_the_whole_apply_until_it_is_
         ),
     )
     kube.create_mmp(namespace, "taken", make_spec(model_dir("llava"), nodeSelector=CPU_POOL, replicas=2))
-    obj = kube.wait_mmp(namespace, "taken", lambda o: (condition(o, "Degraded") or {}).get("reason") == "NameConflict", 180, what="NameConflict")
+    obj = kube.wait_mmp(
+        namespace, "taken", lambda o: (condition(o, "Degraded") or {}).get("reason") == "NameConflict", 180, what="NameConflict"
+    )
     message = condition(obj, "Degraded")["message"]
     assert "Service" in message and "nothing of this resource is applied until it is resolved" in message
     assert condition(obj, "Ready")["status"] == "False"
@@ -88,7 +92,9 @@ def test_pods_that_fit_no_node_report_the_schedulers_reason_per_pool(
     # The CPU pool's nodes have 64 cores each: a pod asking for 1000 fits none of them.
     spec = make_spec(model_dir("llava"), nodeSelector=CPU_POOL, replicas=1, resources={"requests": {"cpu": "1000"}})
     kube.create_mmp(namespace, "huge", spec)
-    obj = kube.wait_mmp(namespace, "huge", lambda o: (condition(o, "Ready") or {}).get("reason") == "Unschedulable", 180, what="Unschedulable")
+    obj = kube.wait_mmp(
+        namespace, "huge", lambda o: (condition(o, "Ready") or {}).get("reason") == "Unschedulable", 180, what="Unschedulable"
+    )
     ready = condition(obj, "Ready")
     assert ready["status"] == "False" and "0/1 pods ready" in ready["message"]
     assert "Insufficient cpu" in ready["message"], ready["message"]
@@ -114,7 +120,9 @@ def test_a_runtime_that_refuses_to_start_is_reported_with_its_termination_messag
         env=[{"name": "MMPREP_CUDA_DEVICE", "value": "gpu0"}],
     )
     kube.create_mmp(namespace, "refuses", spec)
-    obj = kube.wait_mmp(namespace, "refuses", lambda o: (condition(o, "Ready") or {}).get("reason") == "DeviceFailed", 240, what="DeviceFailed")
+    obj = kube.wait_mmp(
+        namespace, "refuses", lambda o: (condition(o, "Ready") or {}).get("reason") == "DeviceFailed", 240, what="DeviceFailed"
+    )
     [pool] = pools(obj)
     assert pool["problem"]["reason"] == "DeviceFailed"
     assert pool["problem"]["message"] == (

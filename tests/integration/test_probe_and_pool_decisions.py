@@ -116,7 +116,9 @@ def test_cpu_pool_default_declared_explicit_and_policy_override(
         ),
         # The operator's policy (tests/conftest.py) says: GB300 on the GPU path gets 3.
         "gb300-policy-gpu": (
-            make_spec(declares_3, nodeSelector=GB300_POOL, resources=GPU_LIMIT), "NVIDIA-GB300", ("gpu", 3, "Override")
+            make_spec(declares_3, nodeSelector=GB300_POOL, resources=GPU_LIMIT),
+            "NVIDIA-GB300",
+            ("gpu", 3, "Override"),
         ),
         "spec-override-wins": (
             make_spec(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 from PIL import Image
 from support.kube import (
     AGENT_NODE,
@@ -24,6 +23,8 @@ from support.kube import (
 )
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
+
+from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 
 pytestmark = pytest.mark.cluster
 

@@ -33,7 +33,9 @@ def test_kubectl_scale_works_and_deleting_the_resource_collects_its_children(
     )
     assert sum(p["replicas"] for p in pools(obj)) == 6
     assert sum(d.spec.replicas for d in kube.deployments(namespace)) == 6
-    scale = kube.custom.get_namespaced_custom_object_scale("mmprep.dev", "v1alpha1", namespace, "multimodalpreprocessors", "scaled")
+    scale = kube.custom.get_namespaced_custom_object_scale(
+        "mmprep.dev", "v1alpha1", namespace, "multimodalpreprocessors", "scaled"
+    )
     assert scale["spec"]["replicas"] == 6 and scale["status"]["replicas"] == 6
     assert "mmprep.dev/resource=scaled" in scale["status"]["selector"]
     wide = cluster.kubectl("get", "mmp", "scaled", "-n", namespace, "-o", "wide").stdout
@@ -48,7 +50,12 @@ def test_kubectl_scale_works_and_deleting_the_resource_collects_its_children(
     assert all(get() for get in children.values())
     cluster.kubectl("delete", "-n", namespace, "mmp/scaled", "--wait=true")
     for kind, get in children.items():
-        wait_for(lambda get=get: not get(), 60, what=f"{kind} garbage-collected", describe=lambda get=get: [o.metadata.name for o in get()])
+        wait_for(
+            lambda get=get: not get(),
+            60,
+            what=f"{kind} garbage-collected",
+            describe=lambda get=get: [o.metadata.name for o in get()],
+        )
 
 
 def test_an_operator_killed_mid_reconcile_converges_after_restart_without_duplicates(

@@ -107,24 +107,45 @@ class Agent:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         resources = {"cpu": str(os.cpu_count() or 1), "memory": f"{mem // 1024}Ki", "pods": "110"}
         conditions = [
-            {"type": t, "status": "False", "reason": f"Kubelet{r}", "message": m,
-             "lastHeartbeatTime": ts, "lastTransitionTime": ts}
+            {
+                "type": t,
+                "status": "False",
+                "reason": f"Kubelet{r}",
+                "message": m,
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            }
             for t, r, m in [
                 ("MemoryPressure", "HasSufficientMemory", "test agent"),
                 ("DiskPressure", "HasNoDiskPressure", "test agent"),
                 ("PIDPressure", "HasSufficientPID", "test agent"),
             ]
-        ] + [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-              "message": "mmprep test agent is posting ready status", "lastHeartbeatTime": ts, "lastTransitionTime": ts}]
+        ] + [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "mmprep test agent is posting ready status",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            }
+        ]
         status = {
             "capacity": resources,
             "allocatable": resources,
             "conditions": conditions,
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node_name}],
             "nodeInfo": {
-                "architecture": os.uname().machine, "operatingSystem": "linux", "kubeletVersion": "v1.35.4-mmprep-test-agent",
-                "containerRuntimeVersion": "local-process://", "kernelVersion": os.uname().release,
-                "osImage": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": "",
+                "architecture": os.uname().machine,
+                "operatingSystem": "linux",
+                "kubeletVersion": "v1.35.4-mmprep-test-agent",
+                "containerRuntimeVersion": "local-process://",
+                "kernelVersion": os.uname().release,
+                "osImage": "",
+                "kubeProxyVersion": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
             },
             "phase": "Running",
         }
@@ -190,7 +211,9 @@ class Agent:
         """What a kubelet does after stopping a pod: the final, zero-grace delete."""
         try:
             self.core.delete_namespaced_pod(
-                name, namespace, body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid))
+                name,
+                namespace,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)),
             )
         except ApiException as exc:
             if exc.status not in (404, 409):

@@ -174,8 +174,7 @@ class PodRunner:
         command = list(c.get("command") or [])
         if not command:
             raise RuntimeError(
-                f"container {c['name']!r} has no command; the test agent ignores images, so it "
-                "cannot know their entrypoint"
+                f"container {c['name']!r} has no command; the test agent ignores images, so it cannot know their entrypoint"
             )
         env = self._env(c)
         argv = [expand(a, env) for a in command + list(c.get("args") or [])]
@@ -293,9 +292,7 @@ class PodRunner:
             return str(os.cpu_count() or 1) if "cpu" in src["resourceFieldRef"]["resource"] else "0"
         ref = src.get("configMapKeyRef") or src.get("secretKeyRef")
         if ref:
-            data = self._source_data(
-                ref if src.get("configMapKeyRef") else None, ref if src.get("secretKeyRef") else None
-            )
+            data = self._source_data(ref if src.get("configMapKeyRef") else None, ref if src.get("secretKeyRef") else None)
             return data.get(ref["key"])
         return None
 
@@ -318,8 +315,13 @@ class PodRunner:
                 start_new_session=True,
             )
         except OSError as exc:
-            c.terminated = {"exitCode": 128, "reason": "StartError", "message": str(exc)[:MESSAGE_LIMIT],
-                            "startedAt": now(), "finishedAt": now()}
+            c.terminated = {
+                "exitCode": 128,
+                "reason": "StartError",
+                "message": str(exc)[:MESSAGE_LIMIT],
+                "startedAt": now(),
+                "finishedAt": now(),
+            }
             c.process = None
             return
         finally:

@@ -76,7 +76,9 @@ class Cluster:
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
             input=input,
@@ -91,7 +93,11 @@ class Cluster:
 
     def env(self) -> dict[str, str]:
         """Environment for processes that talk to this cluster (the operator, kubectl, helm)."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
 
 
 class Kube:
@@ -128,7 +134,9 @@ class Kube:
             obj = self.get_mmp(namespace, name)
             return obj if predicate(obj) else None
 
-        return wait_for(check, timeout, what=f"{namespace}/{name}: {what}", describe=lambda: self.get_mmp(namespace, name).get("status"))
+        return wait_for(
+            check, timeout, what=f"{namespace}/{name}: {what}", describe=lambda: self.get_mmp(namespace, name).get("status")
+        )
 
     def mmp_exists(self, namespace: str, name: str) -> bool:
         try:
@@ -151,7 +159,9 @@ class Kube:
 
     def events(self, namespace: str, involved_name: str) -> list[client.CoreV1Event]:
         return [
-            e for e in self.core.list_namespaced_event(namespace).items if e.involved_object and e.involved_object.name == involved_name
+            e
+            for e in self.core.list_namespaced_event(namespace).items
+            if e.involved_object and e.involved_object.name == involved_name
         ]
 
 

@@ -87,8 +87,10 @@ def compare(ours_raw: Any, theirs_raw: Any) -> dict[str, Any]:
         if ours_pc != theirs_pc:
             problems.append(f"[{index}] parse_context: ours {ours_pc} != vLLM's {theirs_pc}")
         if (ours.features is None) != (theirs.features is None):
-            problems.append(f"[{index}] features: ours {'absent' if ours.features is None else 'present'}, "
-                            f"vLLM's {'absent' if theirs.features is None else 'present'}")
+            problems.append(
+                f"[{index}] features: ours {'absent' if ours.features is None else 'present'}, "
+                f"vLLM's {'absent' if theirs.features is None else 'present'}"
+            )
             continue
         if theirs.features is None:
             summary[str(index)] = {"tokens": len(ours.token_ids), "images": 0}
@@ -111,7 +113,9 @@ def compare(ours_raw: Any, theirs_raw: Any) -> dict[str, Any]:
                 for item, (x, y) in enumerate(zip(ours_items, theirs_items, strict=True)):
                     label = f"[{index}] {kind}.{modality}[{item}]"
                     if (x is None) != (y is None):
-                        problems.append(f"{label}: ours {'None' if x is None else 'set'}, vLLM's {'None' if y is None else 'set'}")
+                        problems.append(
+                            f"{label}: ours {'None' if x is None else 'set'}, vLLM's {'None' if y is None else 'set'}"
+                        )
                     elif x is not None:
                         _compare_items(label, decode_mm_kwargs_item(x), decode_mm_kwargs_item(y), problems)
         first = decode_mm_kwargs_item(b.kwargs_data["image"][0]) if b.kwargs_data else None

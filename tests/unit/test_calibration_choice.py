@@ -15,7 +15,7 @@ from mmprep_runtime.calibration import (
     parse_report,
     worker_counts,
 )
-from mmprep_runtime.policy import Path, Reason, decide_workers
+from mmprep_runtime.sizing import Path, Reason, decide_workers
 
 
 def curve(*rates: float) -> list[CurvePoint]:

@@ -8,7 +8,7 @@ import pytest
 
 from mmprep_runtime import contract
 from mmprep_runtime.contract import ContractError, PoolDecisionEnv, ProbeAnswer
-from mmprep_runtime.policy import MAX_WORKERS, Path, Reason, WorkerCountError, check_worker_count
+from mmprep_runtime.sizing import MAX_WORKERS, Path, Reason, WorkerCountError, check_worker_count
 
 
 def _environ(decision: PoolDecisionEnv) -> dict[str, str]:
@@ -64,7 +64,12 @@ def test_an_older_operator_reads_a_newer_runtimes_answer() -> None:
 
 @pytest.mark.parametrize(
     ("message", "says"),
-    [("nope", "not JSON"), ("[1]", "not a JSON object"), ("{}", "cloneable"), ('{"cloneable": true, "path_if_gpu": "tpu"}', "path_if_gpu")],
+    [
+        ("nope", "not JSON"),
+        ("[1]", "not a JSON object"),
+        ("{}", "cloneable"),
+        ('{"cloneable": true, "path_if_gpu": "tpu"}', "path_if_gpu"),
+    ],
 )
 def test_a_garbled_probe_answer_says_what_is_wrong(message: str, says: str) -> None:
     with pytest.raises(ContractError, match=says):

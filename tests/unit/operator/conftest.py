@@ -13,7 +13,9 @@ from mmprep_operator.nodes import NodeFacts, node_facts
 DATA = pathlib.Path(__file__).parent / "data"
 
 
-def gpu_labels(product: str | None, family: str | None = None, major: str | None = None, minor: str | None = None) -> dict[str, str]:
+def gpu_labels(
+    product: str | None, family: str | None = None, major: str | None = None, minor: str | None = None
+) -> dict[str, str]:
     labels = {}
     if product is not None:
         labels["nvidia.com/gpu.product"] = product

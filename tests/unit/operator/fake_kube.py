@@ -48,7 +48,13 @@ class FakeKubeApi:
         self.resources[(namespace, name)] = {
             "apiVersion": "mmprep.dev/v1alpha1",
             "kind": "MultimodalPreprocessor",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "generation": 1, "resourceVersion": self._rv()},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid or f"uid-{name}",
+                "generation": 1,
+                "resourceVersion": self._rv(),
+            },
             "spec": spec,
         }
 
@@ -85,7 +91,7 @@ class FakeKubeApi:
             raise self.reject[meta["name"]]
         key = (obj["kind"], meta["namespace"], meta["name"])
         if key in self.foreign_fields and not force:
-            raise Conflict(409, "Conflict", "Apply failed with 1 conflict: conflict with \"kubectl\": .spec")
+            raise Conflict(409, "Conflict", 'Apply failed with 1 conflict: conflict with "kubectl": .spec')
         self.foreign_fields.discard(key)
         self.applies.append((obj["kind"], meta["name"]))
         existing = self.objects.get(key, {})
@@ -113,7 +119,8 @@ class FakeKubeApi:
 
     async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [
-            copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
+            copy.deepcopy(o)
+            for (k, ns, _), o in self.objects.items()
             if k == "Deployment" and ns == namespace and _matches(o["metadata"].get("labels", {}), selector)
         ]
 
@@ -123,7 +130,8 @@ class FakeKubeApi:
 
     async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [
-            copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
+            copy.deepcopy(o)
+            for (k, ns, _), o in self.objects.items()
             if k == kind and ns == namespace and _matches(o["metadata"].get("labels", {}), selector)
         ]
 

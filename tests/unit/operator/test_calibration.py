@@ -6,9 +6,9 @@ import datetime as dt
 import json
 
 import pytest
-
 from conftest import H200, make_node
 from fake_kube import FakeKubeApi
+
 from mmprep_operator import api, calibration, pools
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.metrics import Metrics
@@ -234,7 +234,9 @@ def test_what_the_measurement_depends_on_changes_its_hash() -> None:
     ]
     assert all(calibration.calibration_hash(s, policy, cpu) != base for s in changed)
     assert calibration.calibration_hash(spec, policy, cpu, recalibrate="now") != base
-    samples = api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "workers": {"calibrate": True, "calibrationSamples": "/s"}})
+    samples = api.MultimodalPreprocessorSpec.model_validate(
+        {**CPU_SPEC, "workers": {"calibrate": True, "calibrationSamples": "/s"}}
+    )
     assert calibration.calibration_hash(samples, policy, cpu) != base
     # Replicas and placement do not change what a measurement on the pool's hardware says.
     more = api.MultimodalPreprocessorSpec.model_validate({**CPU_SPEC, "replicas": 9})

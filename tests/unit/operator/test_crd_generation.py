@@ -76,7 +76,13 @@ def test_schema_carries_descriptions_defaults_bounds_and_cel() -> None:
     rules = json.dumps(spec["x-kubernetes-validations"]) + json.dumps(props["model"]["x-kubernetes-validations"])
     assert "has(self.path) != has(self.id)" in rules
     assert "self.device == 'cuda'" in rules
-    missing = [p for p, node in _walk(spec) if p.count(".properties.") and isinstance(node, dict)
-               and "type" in node and "description" not in node
-               and not p.endswith(("items", "additionalProperties"))]
+    missing = [
+        p
+        for p, node in _walk(spec)
+        if p.count(".properties.")
+        and isinstance(node, dict)
+        and "type" in node
+        and "description" not in node
+        and not p.endswith(("items", "additionalProperties"))
+    ]
     assert not missing, f"fields without description (kubectl explain shows nothing): {missing}"

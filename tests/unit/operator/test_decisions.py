@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import GB300, H100_MIG, H200, gpu_spec, make_node, make_spec, probe_result
+
 from mmprep_operator import decide, pools
 from mmprep_operator.api import WorkerOverride
-from mmprep_runtime.policy import Path, Reason
+from mmprep_runtime.sizing import Path, Reason
 
 
 def pool_of(labels=None, gpus=8, spec=None):
@@ -29,7 +29,14 @@ def pool_of(labels=None, gpus=8, spec=None):
         ({"backend": "pil", "resources": {"limits": {"nvidia.com/gpu": 1}}}, {}, H200, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
         ({"device": "cpu", "resources": {"limits": {"nvidia.com/gpu": 1}}}, {}, H200, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
         # No fast image processor (e.g. audio): CPU path.
-        ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, {"fast_image_processor": False}, H200, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
+        (
+            {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {"fast_image_processor": False},
+            H200,
+            Path.CPU,
+            2,
+            Reason.CPU_PATH_DEFAULT,
+        ),
         # Explicit wins over the GPU cap...
         ({"resources": {"limits": {"nvidia.com/gpu": 1}}, "workers": {"processor": 3}}, {}, H200, Path.GPU, 3, Reason.EXPLICIT),
         # ...but not over cloneability.
@@ -106,7 +113,10 @@ def test_mig_pool_matches_its_base_product_override() -> None:
 def test_cpu_pool_matches_no_gpu_override() -> None:
     spec = make_spec()
     pool = pool_of(None, 0, spec)
-    assert decide.decide_pool(spec, probe_result(), pool, [o(gpuFamily="hopper", processor=9)]).decision.reason is Reason.CPU_PATH_DEFAULT
+    assert (
+        decide.decide_pool(spec, probe_result(), pool, [o(gpuFamily="hopper", processor=9)]).decision.reason
+        is Reason.CPU_PATH_DEFAULT
+    )
 
 
 def test_decision_sentence_names_pool_path_workers_reason_and_why_once() -> None:

@@ -26,5 +26,9 @@ def test_the_run_command_says_the_defaults_it_uses() -> None:
     run_help = next(
         action.choices["run"].format_help() for action in cli.build_parser()._actions if getattr(action, "choices", None)
     )
-    for flag, value in (("--workers", args.workers), ("--urgent-workers", args.urgent_workers), ("--metrics-port", args.metrics_port)):
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--urgent-workers", args.urgent_workers),
+        ("--metrics-port", args.metrics_port),
+    ):
         assert flag in run_help and f"(default {value})" in run_help

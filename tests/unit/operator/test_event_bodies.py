@@ -27,7 +27,12 @@ def test_the_event_names_the_resource_at_its_version_when_known() -> None:
     event = status.EventSpec("Warning", "ProbeFailed", "the processor cannot be loaded")
     involved = body(event)["involvedObject"]
     assert involved == {
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": "m", "namespace": "ns", "uid": "uid-1", "resourceVersion": "42",
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": "m",
+        "namespace": "ns",
+        "uid": "uid-1",
+        "resourceVersion": "42",
     }
     assert "resourceVersion" not in body(event, version=None)["involvedObject"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import H200
+
 from mmprep_operator.controller import Controller
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.reconcile import Outcome
@@ -84,7 +84,11 @@ async def test_child_events_wake_the_owner_when_readiness_changes() -> None:
     c.resource_event(None, resource("m"))
     queued(c)
     owner = [{"apiVersion": "mmprep.dev/v1alpha1", "kind": "MultimodalPreprocessor", "name": "m"}]
-    dep = {"metadata": {"name": "d", "namespace": "ns", "ownerReferences": owner}, "spec": {"replicas": 2}, "status": {"readyReplicas": 1}}
+    dep = {
+        "metadata": {"name": "d", "namespace": "ns", "ownerReferences": owner},
+        "spec": {"replicas": 2},
+        "status": {"readyReplicas": 1},
+    }
     c.child_event("Deployment", None, dep)
     assert queued(c) == [("ns", "m")]
     c.child_event("Deployment", "MODIFIED", dep)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import DATA
+
 from mmprep_operator import api, probe, render, yamlio
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.nodes import node_facts
@@ -94,8 +94,17 @@ def test_cpu_case_renders_cache_backend_and_merges_affinity_with_the_pool() -> N
     assert job["spec"]["template"]["spec"]["nodeSelector"] == {"mmprep.dev/agent": "true"}
     assert "affinity" not in job["spec"]["template"]["spec"]  # a probe nodeSelector override drops it
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "mmprep-runtime", "probe", "--model", "openai/whisper-small", "--revision", "main", "--trust-remote-code",
-        "--backend", "pil", "--termination-log", "/dev/termination-log",
+        "mmprep-runtime",
+        "probe",
+        "--model",
+        "openai/whisper-small",
+        "--revision",
+        "main",
+        "--trust-remote-code",
+        "--backend",
+        "pil",
+        "--termination-log",
+        "/dev/termination-log",
     ]
     deployments = [o for o in objects if o["kind"] == "Deployment"]
     cpu = next(d for d in deployments if d["metadata"]["labels"]["mmprep.dev/pool"] == "cpu")
@@ -114,7 +123,9 @@ def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
     body["spec"]["env"] = [{"name": "MMPREP_PROCESSOR_WORKERS", "value": "9"}]
     spec = api.MultimodalPreprocessorSpec.model_validate(body["spec"])
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
-    plan = make_plan(render.Owner("x", "ns", "u"), spec, nodes, probe.parse_result((DATA / "probe.json").read_text()), OperatorPolicy())
+    plan = make_plan(
+        render.Owner("x", "ns", "u"), spec, nodes, probe.parse_result((DATA / "probe.json").read_text()), OperatorPolicy()
+    )
     deployment = next(o for o in plan.objects if o["kind"] == "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     values = [e["value"] for e in env if e["name"] == "MMPREP_PROCESSOR_WORKERS"]

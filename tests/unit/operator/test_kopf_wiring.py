@@ -24,8 +24,13 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
     assert registry._spawning.get_all_handlers() == []
     watched = {(h.selector.group, h.selector.any_name) for h in registry._watching.get_all_handlers()}
     assert watched == {
-        ("", "nodes"), ("mmprep.dev", "multimodalpreprocessors"), ("apps", "deployments"), ("", "services"), ("batch", "jobs"),
-        ("policy", "poddisruptionbudgets"), ("", "pods"),
+        ("", "nodes"),
+        ("mmprep.dev", "multimodalpreprocessors"),
+        ("apps", "deployments"),
+        ("", "services"),
+        ("batch", "jobs"),
+        ("policy", "poddisruptionbudgets"),
+        ("", "pods"),
     }
     assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
 
@@ -51,7 +56,9 @@ def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.P
         )
     )
     metrics = Metrics()
-    state = OperatorState(policy=OperatorPolicy(), metrics=metrics, controller=Controller(metrics=metrics), kubeconfig=str(kubeconfig))
+    state = OperatorState(
+        policy=OperatorPolicy(), metrics=metrics, controller=Controller(metrics=metrics), kubeconfig=str(kubeconfig)
+    )
     registry = build_registry()
     (login,) = [h for h in registry._activities.get_all_handlers() if h.activity.value == "authentication"]
     info = login.fn(memo=kopf.Memo(state=state))

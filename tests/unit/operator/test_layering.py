@@ -5,7 +5,23 @@ from __future__ import annotations
 import subprocess
 import sys
 
-PURE = ["api", "gpus", "nodes", "naming", "replicas", "config", "pools", "decide", "render", "probe", "status", "plan", "crd", "rbac", "podstates"]
+PURE = [
+    "api",
+    "gpus",
+    "nodes",
+    "naming",
+    "replicas",
+    "config",
+    "pools",
+    "decide",
+    "render",
+    "probe",
+    "status",
+    "plan",
+    "crd",
+    "rbac",
+    "podstates",
+]
 IO_LIBRARIES = ["kopf", "aiohttp", "kubernetes", "torch", "transformers"]
 
 

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
-
 from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
+from pydantic import ValidationError
+
 from mmprep_operator import api, crd, podstates, render
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.metrics import Metrics
@@ -143,7 +143,10 @@ def test_an_image_for_no_pool_blocks_readiness() -> None:
 
 def pending_pod(pool: str, message: str, name: str = "p") -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY}},
+        "metadata": {
+            "name": name,
+            "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY},
+        },
         "status": {
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
@@ -153,7 +156,10 @@ def pending_pod(pool: str, message: str, name: str = "p") -> dict[str, Any]:
 
 def crashed_pod(pool: str, message: str, code: int = 3, container: str = "runtime") -> dict[str, Any]:
     return {
-        "metadata": {"name": "c", "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY}},
+        "metadata": {
+            "name": "c",
+            "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY},
+        },
         "status": {
             "phase": "Running",
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
@@ -172,15 +178,28 @@ def crashed_pod(pool: str, message: str, code: int = 3, container: str = "runtim
 
 def test_the_scheduler_and_the_container_say_why_a_pool_has_no_ready_pods() -> None:
     said = "0/7 nodes are available: 2 Insufficient cpu, 5 node(s) didn't match Pod's node affinity/selector."
-    pods = [pending_pod("cpu", said, "a"), pending_pod("cpu", said, "b"), crashed_pod("gpu", "device cuda: CUDA is not available")]
+    pods = [
+        pending_pod("cpu", said, "a"),
+        pending_pod("cpu", said, "b"),
+        crashed_pod("gpu", "device cuda: CUDA is not available"),
+    ]
     problems = podstates.pool_problems(pods, {"cpu": "cpu", "gpu": "gpu"}, render.LABEL_POOL)
     assert (problems["cpu"].reason, problems["cpu"].message, problems["cpu"].pods) == ("Unschedulable", said, 2)
     assert problems["gpu"].reason == "DeviceFailed"  # the runtime's exit code for a device it cannot use
     assert problems["gpu"].message == "container runtime exited with code 3: device cuda: CUDA is not available"
-    for code, container, reason in [(1, "runtime", "LoadFailed"), (137, "runtime", "RuntimeFailed"), (3, "sidecar", "RuntimeFailed")]:
-        (problem,) = podstates.pool_problems([crashed_pod("gpu", "x", code, container)], {"gpu": "gpu"}, render.LABEL_POOL).values()
+    for code, container, reason in [
+        (1, "runtime", "LoadFailed"),
+        (137, "runtime", "RuntimeFailed"),
+        (3, "sidecar", "RuntimeFailed"),
+    ]:
+        (problem,) = podstates.pool_problems(
+            [crashed_pod("gpu", "x", code, container)], {"gpu": "gpu"}, render.LABEL_POOL
+        ).values()
         assert problem.reason == reason, (code, container)
-    running = {"metadata": {"labels": {render.LABEL_POOL: "cpu"}}, "status": {"phase": "Running", "containerStatuses": [{"ready": True}]}}
+    running = {
+        "metadata": {"labels": {render.LABEL_POOL: "cpu"}},
+        "status": {"phase": "Running", "containerStatuses": [{"ready": True}]},
+    }
     assert podstates.pool_problems([running], {"cpu": "cpu"}, render.LABEL_POOL) == {}
 
 
@@ -224,15 +243,22 @@ async def test_a_service_name_conflict_creates_nothing_until_it_is_resolved() ->
     await cluster.settle({"model": {"path": "/models/m"}, "resources": GPU, "replicas": 3})
     assert cluster.api.kinds("Deployment") == {} and cluster.api.kinds("PodDisruptionBudget") == {}
     degraded = cluster.condition("Degraded")
-    assert degraded["reason"] == "NameConflict" and "nothing of this resource is applied until it is resolved" in degraded["message"]
+    assert (
+        degraded["reason"] == "NameConflict" and "nothing of this resource is applied until it is resolved" in degraded["message"]
+    )
     assert cluster.condition("Ready")["reason"] == "NameConflict"
 
     del cluster.api.objects[("Service", "ns", "m")]
     cluster.api.foreign_fields.clear()
     assert (await cluster.reconciler.reconcile("ns", "m")).kind == "done"
-    assert sorted(cluster.api.kinds("Deployment")) == sorted(cluster.api.kinds("PodDisruptionBudget")) == [
-        "m-nvidia-gb300", "m-nvidia-h200-141gb-hbm3e",
-    ]
+    assert (
+        sorted(cluster.api.kinds("Deployment"))
+        == sorted(cluster.api.kinds("PodDisruptionBudget"))
+        == [
+            "m-nvidia-gb300",
+            "m-nvidia-h200-141gb-hbm3e",
+        ]
+    )
     assert cluster.condition("Degraded")["reason"] == "AsExpected"
 
 
@@ -240,13 +266,20 @@ async def test_a_pools_budget_goes_with_its_pool_and_with_disruption_off() -> No
     cluster = Cluster()
     await cluster.settle({"model": {"path": "/models/m"}, "resources": GPU, "replicas": 3})
     assert len(cluster.api.kinds("PodDisruptionBudget")) == 2
-    cluster.api.edit_spec("m", {"model": {"path": "/models/m"}, "resources": GPU, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}})
+    cluster.api.edit_spec(
+        "m", {"model": {"path": "/models/m"}, "resources": GPU, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}}
+    )
     await cluster.reconciler.reconcile("ns", "m")
     assert sorted(cluster.api.kinds("PodDisruptionBudget")) == ["m-nvidia-gb300"]
     assert "PodDisruptionBudget/m-nvidia-h200-141gb-hbm3e" in cluster.api.deleted
     cluster.api.edit_spec(
         "m",
-        {"model": {"path": "/models/m"}, "resources": GPU, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}, "disruption": {"enabled": False}},
+        {
+            "model": {"path": "/models/m"},
+            "resources": GPU,
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+            "disruption": {"enabled": False},
+        },
     )
     await cluster.reconciler.reconcile("ns", "m")
     assert cluster.api.kinds("PodDisruptionBudget") == {}
@@ -266,7 +299,11 @@ async def test_a_pool_the_image_cannot_run_on_is_degraded_while_the_others_serve
 
 def test_a_pools_arch_comes_from_its_nodes_labels_when_the_gpu_does_not_fix_it() -> None:
     amd = {"kubernetes.io/arch": "amd64"}
-    nodes = [make_node("h200-a", {**H200, **amd}, gpus=8), make_node("h200-b", {**H200, **amd}, gpus=8), make_node("gb300-a", GB300, gpus=4)]
+    nodes = [
+        make_node("h200-a", {**H200, **amd}, gpus=8),
+        make_node("h200-b", {**H200, **amd}, gpus=8),
+        make_node("gb300-a", GB300, gpus=4),
+    ]
     parsed = api.MultimodalPreprocessorSpec.model_validate({"model": {"path": "/m"}, "resources": GPU, "replicas": 2})
     probe = api.ProbeResult(cloneable=True, fast_image_processor=True)
     arm_only = make_plan(OWNER, parsed, nodes, probe, OperatorPolicy(imagePlatforms=["linux/arm64"]))

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import (
-    B200, GB200, GB300, H100, H100_MIG, H100_SHARED, H200, NO_PRODUCT_BLACKWELL_OLD_GFD,
-    gpu_labels, gpu_spec, make_node, make_spec,
+    B200,
+    GB200,
+    GB300,
+    H100,
+    H100_MIG,
+    H100_SHARED,
+    H200,
+    NO_PRODUCT_BLACKWELL_OLD_GFD,
+    gpu_labels,
+    gpu_spec,
+    make_node,
+    make_spec,
 )
+
 from mmprep_operator import gpus, pools
 
 
@@ -114,9 +124,13 @@ def test_node_selector_taints_cordon_and_affinity_exclude_nodes() -> None:
     nodes = [
         make_node("h200-a", {**H200, "zone": "a"}, gpus=8),
         make_node("h200-b", {**H200, "zone": "b"}, gpus=8),
-        make_node("h200-tainted", {**H200, "zone": "a"}, gpus=8, taints=[{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]),
+        make_node(
+            "h200-tainted", {**H200, "zone": "a"}, gpus=8, taints=[{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]
+        ),
         make_node("h200-cordoned", {**H200, "zone": "a"}, gpus=8, unschedulable=True),
-        make_node("h200-prefer", {**H200, "zone": "a"}, gpus=8, taints=[{"key": "x", "value": "y", "effect": "PreferNoSchedule"}]),
+        make_node(
+            "h200-prefer", {**H200, "zone": "a"}, gpus=8, taints=[{"key": "x", "value": "y", "effect": "PreferNoSchedule"}]
+        ),
     ]
     pooling = pools.group(nodes, gpu_spec(nodeSelector={"zone": "a"}))
     assert pooling.pools[0].nodes == ("h200-a", "h200-prefer")

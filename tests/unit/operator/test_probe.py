@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import DATA, gpu_spec, make_spec
+
 from mmprep_operator import probe
 from mmprep_operator.config import OperatorPolicy
 
@@ -101,7 +102,13 @@ def test_parse_result_reads_the_wire_names_and_rejects_garbage() -> None:
     result = probe.parse_result('{"cloneable": true, "fast_image_processor": true, "path_if_gpu": "gpu"}')
     assert (result.fast_image_processor, result.path_if_gpu) == (True, "gpu")
     assert result.wire()["fastImageProcessor"] is True  # kept in status under the API's names
-    for bad in ("[]", "{}", "nope", '{"cloneable": true, "path_if_gpu": "tpu"}', '{"cloneable": true, "declared_workers": "two"}'):
+    for bad in (
+        "[]",
+        "{}",
+        "nope",
+        '{"cloneable": true, "path_if_gpu": "tpu"}',
+        '{"cloneable": true, "declared_workers": "two"}',
+    ):
         try:
             probe.parse_result(bad)
         except ValueError:

@@ -6,11 +6,12 @@ import asyncio
 import copy
 import datetime as dt
 import json
+import logging
 
 import pytest
-
 from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
+
 from mmprep_operator import pools
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import ApiError, Conflict
@@ -27,7 +28,9 @@ class Cluster:
         self.nodes = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", GB300, gpus=4)]
         self.metrics = Metrics()
         self.now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        self.reconciler = Reconciler(kube=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now)
+        self.reconciler = Reconciler(
+            kube=self.api, policy=OperatorPolicy(), nodes=lambda: self.nodes, metrics=self.metrics, clock=lambda: self.now
+        )
 
     async def reconcile(self, name: str = "m"):
         return await self.reconciler.reconcile("ns", name)
@@ -99,7 +102,10 @@ async def test_nothing_changed_means_no_status_write(cluster: Cluster) -> None:
     assert (cluster.api.status_writes, len(cluster.api.events)) == (writes, events)
 
 
-async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployment(cluster: Cluster) -> None:
+async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployment(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mmprep.operator")  # the deletion is logged, and logging must not fail
     cluster.api.add_resource("m", GPU_SPEC)
     await cluster.reconcile()
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
@@ -110,6 +116,7 @@ async def test_a_node_label_change_moves_pools_and_deletes_the_vanished_deployme
     assert cluster.api.deleted == ["m-nvidia-gb300", "PodDisruptionBudget/m-nvidia-gb300"]
     assert cluster.api.kinds("Deployment")["m-nvidia-h200-141gb-hbm3e"]["spec"]["replicas"] == 3
     assert "PoolRemoved" in [e["reason"] for e in cluster.api.events]
+    assert "child of a vanished pool deleted" in caplog.messages
 
 
 async def test_a_node_change_is_reported_before_the_children_are_applied(cluster: Cluster) -> None:
@@ -206,7 +213,9 @@ async def test_a_model_that_does_not_load_is_reported_once_and_not_retried(clust
     cluster.api.add_resource("m", GPU_SPEC)
     await cluster.reconcile()
     job = cluster.job_name()
-    cluster.api.finish_job(job, json.dumps({"cloneable": False, "error": "OSError: no processor"}), succeeded=False, reason="BackoffLimitExceeded")
+    cluster.api.finish_job(
+        job, json.dumps({"cloneable": False, "error": "OSError: no processor"}), succeeded=False, reason="BackoffLimitExceeded"
+    )
     assert (await cluster.reconcile()).kind == "waiting"
     assert cluster.condition("Degraded") == ("True", "ProbeFailed")
     assert cluster.api.kinds("Deployment") == {}
@@ -256,7 +265,8 @@ async def test_an_invalid_spec_is_reported_not_raised(cluster: Cluster) -> None:
     assert cluster.api.kinds("Job") == {}
 
 
-async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster) -> None:
+async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mmprep.operator")  # the retry is logged, and logging must not fail
     cluster.api.add_resource("m", GPU_SPEC)
     await cluster.reconcile()
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
@@ -275,6 +285,7 @@ async def test_a_conflict_on_apply_is_retried_at_once(cluster: Cluster) -> None:
     cluster.api.apply = flaky_apply  # type: ignore[method-assign]
     assert (await cluster.reconcile()).kind == "done"
     assert len(cluster.api.kinds("Deployment")) == 2
+    assert "conflict on apply; retrying" in caplog.messages
 
 
 async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(cluster: Cluster) -> None:
@@ -330,13 +341,14 @@ async def test_a_terminating_namespace_ends_the_reconcile_quietly(cluster: Clust
     await cluster.reconcile()
     cluster.api.finish_job(cluster.job_name(), PROBE_OK)
     cluster.api.reject["m-nvidia-gb300"] = ApiError(
-        403, "Forbidden", 'deployments.apps "m-nvidia-gb300" is forbidden: unable to create new content in namespace ns '
-        "because it is being terminated"
+        403,
+        "Forbidden",
+        'deployments.apps "m-nvidia-gb300" is forbidden: unable to create new content in namespace ns '
+        "because it is being terminated",
     )
     writes = cluster.api.status_writes
     assert (await cluster.reconcile()).kind == "gone"
     assert cluster.api.status_writes == writes  # no ApplyFailed reported into a namespace being deleted
-
 
 
 async def test_a_foreign_object_with_our_name_is_never_overwritten(cluster: Cluster) -> None:
@@ -366,7 +378,7 @@ async def test_our_own_object_edited_by_someone_else_is_taken_back(cluster: Clus
 
 def watch_shows(cluster: Cluster) -> None:
     """Play the watch: feed the store every child as the API now holds it (with markers)."""
-    for (kind, namespace, name), obj in cluster.api.objects.items():
+    for (kind, _namespace, _name), obj in cluster.api.objects.items():
         if kind in ("Deployment", "Service", "PodDisruptionBudget"):
             cluster.reconciler.children.observe(kind, "MODIFIED", obj)
 
@@ -397,7 +409,9 @@ async def test_unchanged_children_are_not_applied_again_until_someone_touches_th
     await cluster.reconcile()
     assert cluster.api.applies[5:] == [("Deployment", "m-nvidia-gb300")]
     await cluster.api.delete_deployment("ns", "m-nvidia-h200-141gb-hbm3e")
-    cluster.reconciler.children.observe("Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-h200-141gb-hbm3e"}})
+    cluster.reconciler.children.observe(
+        "Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-h200-141gb-hbm3e"}}
+    )
     await cluster.reconcile()
     assert ("Deployment", "ns", "m-nvidia-h200-141gb-hbm3e") in cluster.api.objects
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import DATA
+
 from mmprep_operator.cli import main
 
 
@@ -34,7 +34,9 @@ def test_console_script_runs_render() -> None:
     exe = pathlib.Path(sys.executable).parent / "mmprep-operator"
     out = subprocess.run(
         [str(exe), "render", "-f", str(DATA / "cr.yaml"), "--nodes", str(DATA / "nodes.yaml")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "kind: Deployment" in out.stdout
@@ -74,8 +76,7 @@ def test_render_without_probe_says_what_it_assumed_and_can_show_the_probe_job(re
 def test_render_rejects_an_invalid_resource_with_the_api_servers_message(render, tmp_path: pathlib.Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "apiVersion: mmprep.dev/v1alpha1\nkind: MultimodalPreprocessor\nmetadata: {name: x}\n"
-        "spec: {model: {path: /m, id: a/b}}\n"
+        "apiVersion: mmprep.dev/v1alpha1\nkind: MultimodalPreprocessor\nmetadata: {name: x}\nspec: {model: {path: /m, id: a/b}}\n"
     )
     out = render("-f", str(bad), "--nodes", str(DATA / "nodes.yaml"))
     assert out.returncode == 2

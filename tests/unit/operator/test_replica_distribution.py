@@ -26,7 +26,7 @@ def test_distribution(total, weights, expected) -> None:
 
 def test_sum_is_the_total_and_order_of_input_does_not_matter() -> None:
     weights = {"p1": 3, "p2": 5, "p3": 1, "p4": 2}
-    for total in range(0, 40):
+    for total in range(40):
         out = distribute(total, weights)
         assert sum(out.values()) == total
         assert out == distribute(total, dict(reversed(list(weights.items()))))

@@ -25,7 +25,9 @@ class Auth:
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "status": "Failure", "reason": reason, "message": message, "code": code}, status=code)
+    return web.json_response(
+        {"kind": "Status", "status": "Failure", "reason": reason, "message": message, "code": code}, status=code
+    )
 
 
 class FakeServer:
@@ -159,7 +161,11 @@ async def test_rejections_carry_the_servers_message_and_permanence(seam) -> None
 
 async def test_creating_an_existing_job_returns_it_and_owner_conflicts_surface(seam) -> None:
     api, fake = seam
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "mmprep-probe-x", "namespace": "ns", "labels": {"a": "1"}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "mmprep-probe-x", "namespace": "ns", "labels": {"a": "1"}},
+    }
     await api.create_job(job)
     again = await api.create_job({**job, "metadata": {**job["metadata"], "labels": {"b": "2"}}})
     assert again["metadata"]["labels"] == {"a": "1"}  # the one that exists

@@ -6,14 +6,13 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import DATA
 from pydantic import ValidationError
 
-from conftest import DATA
-from mmprep_operator import api, render
+from mmprep_operator import api, render, yamlio
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.nodes import node_facts
 from mmprep_operator.plan import make_plan
-from mmprep_operator import yamlio
 
 
 def _objects(**spec_fields: Any) -> dict[str, dict[str, Any]]:
@@ -47,8 +46,7 @@ def test_vllm_render_serves_on_vllms_port_with_its_health_probe():
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     # Alive while the processor loads: liveness and startup stay on /healthz.
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert objects["Service"]["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http",
-                                                       "protocol": "TCP"}
+    assert objects["Service"]["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
 
 
 def test_normalized_pixels_reach_the_runtime_flag():

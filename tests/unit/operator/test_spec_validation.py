@@ -33,11 +33,17 @@ def cel_messages() -> set[str]:
 VIOLATIONS = [
     ({"model": {"path": "/m", "id": "a/b"}}, "set exactly one of model.path and model.id"),
     ({"model": {}}, "set exactly one of model.path and model.id"),
-    ({"model": {"path": "/m", "cacheVolume": "c"}, "volumes": [{"name": "c", "emptyDir": {}}]}, "model.cacheVolume needs model.id"),
+    (
+        {"model": {"path": "/m", "cacheVolume": "c"}, "volumes": [{"name": "c", "emptyDir": {}}]},
+        "model.cacheVolume needs model.id",
+    ),
     ({"model": {"id": "a/b", "cacheVolume": "c"}}, "model.cacheVolume must name a volume in spec.volumes"),
     ({"model": {"path": "/m"}, "device": "cuda"}, "device: cuda needs a GPU resource"),
     ({"model": {"path": "/m"}, "device": "cuda", "resources": {"requests": {"cpu": 1}}}, "device: cuda needs a GPU resource"),
-    ({"model": {"path": "/m"}, "workers": {"overrides": [{"processor": 2}]}}, "an override names exactly one of gpuProduct and gpuFamily"),
+    (
+        {"model": {"path": "/m"}, "workers": {"overrides": [{"processor": 2}]}},
+        "an override names exactly one of gpuProduct and gpuFamily",
+    ),
     (
         {"model": {"path": "/m"}, "workers": {"overrides": [{"gpuProduct": "H200", "gpuFamily": "hopper", "processor": 2}]}},
         "an override names exactly one of gpuProduct and gpuFamily",
@@ -71,7 +77,10 @@ def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, messa
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}},
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}},
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"amd.com/gpu": "1"}}},
-        {"model": {"path": "/m"}, "workers": {"processor": 64, "io": 1, "overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}},
+        {
+            "model": {"path": "/m"},
+            "workers": {"processor": 64, "io": 1, "overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]},
+        },
     ],
 )
 def test_valid_specs_pass(spec: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from conftest import H200, gpu_spec, make_node, probe_result
+
 from mmprep_operator import api, decide, pools, render, status
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -15,14 +16,25 @@ SELECTOR = render.selector_string(OWNER)
 
 def probe_status(state: str = "Succeeded", **result) -> api.ProbeStatus:
     return api.ProbeStatus(
-        hash="h", job="mmprep-probe-h", state=state, result=probe_result(**result) if state == "Succeeded" else None,
-        reason="ProbeFailed" if state == "Failed" else None, message="the model did not load: x" if state == "Failed" else None,
+        hash="h",
+        job="mmprep-probe-h",
+        state=state,
+        result=probe_result(**result) if state == "Succeeded" else None,
+        reason="ProbeFailed" if state == "Failed" else None,
+        message="the model did not load: x" if state == "Failed" else None,
     )
 
 
 def observation(
-    *, ready: int = 0, updated: int = 2, observed: bool = True, probe: api.ProbeStatus | None = None, problem=None, spec=None,
-    cloneable=True, **kw,
+    *,
+    ready: int = 0,
+    updated: int = 2,
+    observed: bool = True,
+    probe: api.ProbeStatus | None = None,
+    problem=None,
+    spec=None,
+    cloneable=True,
+    **kw,
 ) -> status.Observation:
     spec = spec or gpu_spec()
     probe = probe or probe_status(cloneable=cloneable)
@@ -102,7 +114,7 @@ def test_placement_problem_and_invalid_spec() -> None:
 
 def test_scaled_to_zero_is_ready() -> None:
     obs = observation()
-    obs = status.Observation(**{**obs.__dict__, "replicas": {k: 0 for k in obs.replicas}})
+    obs = status.Observation(**{**obs.__dict__, "replicas": dict.fromkeys(obs.replicas, 0)})
     assert cond(status.fold(None, obs, T0), "Ready") == ("True", "ScaledToZero")
 
 
@@ -125,7 +137,9 @@ def test_events_explain_decisions_and_problems_once() -> None:
 
 def test_a_pool_that_vanishes_after_planning_is_announced() -> None:
     decided = status.fold(None, observation(ready=2), T0)
-    gone = status.fold(decided, status.Observation(1, SELECTOR, probe=probe_status(), problem=status.Problem("NoEligibleNodes", "x")), T1)
+    gone = status.fold(
+        decided, status.Observation(1, SELECTOR, probe=probe_status(), problem=status.Problem("NoEligibleNodes", "x")), T1
+    )
     assert gone.pools == []
     assert ("Normal", "PoolRemoved") in [(e.type, e.reason) for e in status.events(decided, gone)]
 

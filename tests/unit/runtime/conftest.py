@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
 from mmprep_runtime import engine, loading, testing_models
-from mmprep_runtime.policy import Backend, Device
+from mmprep_runtime.sizing import Backend, Device
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -101,8 +101,8 @@ class _OriginalGuard:
 def guard_original_processor(running: engine.Engine) -> None:
     """The test-time audit that every job the server submits takes the injected clone."""
     # Every live worker holds its clone already (the server warms them before it is ready).
-    assert len(running.pool.clone_seconds) == running.pool.live_workers or not running.clone_probe.cloneable
-    if not running.clone_probe.cloneable:
+    assert len(running.pool.clone_seconds) == running.pool.live_workers or not running.clone_trial.cloneable
+    if not running.clone_trial.cloneable:
         return  # the single worker of an uncloneable processor uses the original by design
     original = running.pool._resolve()
     cls = type(original)

@@ -10,9 +10,7 @@ from mmprep_runtime import calibrate, cli, cpus, testing_media
 from mmprep_runtime.calibration import parse_report
 
 
-def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(
-    qwen_dir, tmp_path, capsys, monkeypatch
-):
+def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(qwen_dir, tmp_path, capsys, monkeypatch):
     # Two counts whatever the machine: the curve's shape is the machine's, its form is ours.
     monkeypatch.setattr(cpus, "usable_cpus", lambda: 2)
     log = tmp_path / "termination-log"
@@ -70,7 +68,9 @@ def test_calibrate_with_an_empty_sample_folder_or_a_broken_sample_fails_clearly(
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
-    assert cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(broken), "--duration", "0.2"]) == calibrate.EXIT_FAILED
+    assert (
+        cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(broken), "--duration", "0.2"]) == calibrate.EXIT_FAILED
+    )
     assert "x.jpg" in json.loads(capsys.readouterr().out)["error"]
 
 

@@ -36,9 +36,22 @@ def test_serve_on_cuda_without_a_gpu_exits_non_zero_with_the_reason_in_the_termi
     log = tmp_path / "termination-log"
     env = {**os.environ, "MMPREP_DEVICE": "cuda"}
     done = subprocess.run(
-        [*_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(_free_port()),
-         "--termination-log", str(log)],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        [
+            *_command(),
+            "serve",
+            "--model",
+            str(qwen_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(_free_port()),
+            "--termination-log",
+            str(log),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert done.returncode == serve.EXIT_DEVICE_FAILED, done.stderr[-2000:]
     message = log.read_text()
@@ -59,7 +72,10 @@ def test_the_allocator_default_yields_to_the_pods_own_setting() -> None:
     env: dict[str, str] = {}
     assert cuda.configure_allocator(env) == "expandable_segments:True" == env[cuda.ENV_ALLOC_CONF]
     assert cuda.configure_allocator({cuda.ENV_ALLOC_CONF: "max_split_size_mb:256"}) == "max_split_size_mb:256"
-    assert cuda.configure_allocator({cuda.ENV_ALLOC_CONF_NEW: "garbage_collection_threshold:0.6"}) == "garbage_collection_threshold:0.6"
+    assert (
+        cuda.configure_allocator({cuda.ENV_ALLOC_CONF_NEW: "garbage_collection_threshold:0.6"})
+        == "garbage_collection_threshold:0.6"
+    )
 
 
 def test_uploaded_images_are_the_tensors_the_processor_makes_of_the_images(qwen_dir) -> None:
@@ -115,7 +131,10 @@ def test_a_bad_device_index_fails_the_start_even_on_the_cpu_path(qwen_dir, tmp_p
     log = tmp_path / "termination-log"
     done = subprocess.run(
         [*_command(), "serve", "--model", str(qwen_dir), "--port", str(_free_port()), "--termination-log", str(log)],
-        env={**os.environ, "MMPREP_DEVICE": "cpu", cuda.ENV_DEVICE_INDEX: "gpu0"}, capture_output=True, text=True, timeout=TIMEOUT,
+        env={**os.environ, "MMPREP_DEVICE": "cpu", cuda.ENV_DEVICE_INDEX: "gpu0"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert done.returncode == serve.EXIT_DEVICE_FAILED, done.stderr[-2000:]
     assert log.read_text() == "MMPREP_CUDA_DEVICE must be a device index (0, 1, ...), got 'gpu0'"

@@ -12,7 +12,7 @@ from PIL import Image
 from transformers import processing_utils
 
 from mmprep_runtime import cli, fast_paths, loading, patches, settings, testing_models
-from mmprep_runtime.policy import Backend
+from mmprep_runtime.sizing import Backend
 
 MARKER = processing_utils._CONTROL_TOKEN_START
 QWEN = testing_models.QWEN_IMAGE_PLACEHOLDER
@@ -210,8 +210,15 @@ def test_the_tokenizer_stand_in_leaves_every_other_call_to_the_library(qwen_dir,
         lambda t: t("words", return_tensors="np"),
         lambda t: t("words"),
         lambda t: t("words", "a pair", return_tensors="pt"),
-        lambda t: t(["one", "two"], return_tensors="pt", padding=True, return_overflowing_tokens=True,
-                    truncation=True, max_length=3, stride=1),
+        lambda t: t(
+            ["one", "two"],
+            return_tensors="pt",
+            padding=True,
+            return_overflowing_tokens=True,
+            truncation=True,
+            max_length=3,
+            stride=1,
+        ),
     ):
         seen.clear()
         left, right = call(library), call(fast)

@@ -15,22 +15,22 @@ import json
 import struct
 import threading
 import zlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
-from conftest import guard_original_processor
 from aiohttp import web
+from conftest import guard_original_processor
 
+from mmprep_runtime import cli, http_api, loading, testing_models
 from mmprep_runtime import engine as engine_module
-from mmprep_runtime import cli, loading, server, testing_models
 from mmprep_runtime.contract import PoolDecisionEnv
+from mmprep_runtime.settings import Limits, Load, ServeSettings, serve_settings_from_args
+from mmprep_runtime.sizing import Backend, Device, Path, Reason
 from mmprep_runtime.testing_media import jpeg as jpeg_bytes
 from mmprep_runtime.testing_media import png as png_bytes
 from mmprep_runtime.testing_media import wav as wav_bytes
-from mmprep_runtime.policy import Backend, Device, Path, Reason
-from mmprep_runtime.settings import Limits, Load, ServeSettings, serve_settings_from_args
-
 
 TIMEOUT = 60
 QWEN_TEXT = f"Describe {testing_models.QWEN_IMAGE_PLACEHOLDER} please"
@@ -47,8 +47,8 @@ class Running:
     client: aiohttp.ClientSession
 
     @property
-    def state(self) -> server.ServerState:
-        return self.app[server.STATE]
+    def state(self) -> http_api.ServerState:
+        return self.app[http_api.STATE]
 
     async def post(self, payload: Any = None, *, data: bytes | None = None, headers=None, query: str = ""):
         if data is None:
@@ -75,16 +75,22 @@ async def start_server() -> AsyncIterator[Starter]:
     runners: list[web.AppRunner] = []
     clients: list[aiohttp.ClientSession] = []
 
-    async def start(folder, *, workers: int | None = 1, limits: Limits = Limits(), load: Load = Load(),
-                    trust_remote_code: bool = False, backend: Backend = Backend.AUTO,
-                    environ: dict[str, str] | None = None) -> Running:
+    async def start(
+        folder,
+        *,
+        workers: int | None = 1,
+        limits: Limits = Limits(),
+        load: Load = Load(),
+        trust_remote_code: bool = False,
+        backend: Backend = Backend.AUTO,
+        environ: dict[str, str] | None = None,
+    ) -> Running:
         """``environ``: the pod's env as the operator renders it; it replaces ``workers``."""
         decided = serve_settings_from_args(_serve_args(folder), environ) if environ is not None else None
         if decided is not None:
             workers = decided.processor_workers
         settings = ServeSettings(
-            model=loading.ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend,
-                                        device=Device.CPU),
+            model=loading.ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend, device=Device.CPU),
             host="127.0.0.1",
             port=0,
             processor_workers=workers,
@@ -93,7 +99,7 @@ async def start_server() -> AsyncIterator[Starter]:
             load=load,
             operator_decision=decided.operator_decision if decided is not None else None,
         )
-        app = server.create_app(settings)
+        app = http_api.create_app(settings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
@@ -102,9 +108,9 @@ async def start_server() -> AsyncIterator[Starter]:
         host, port = runner.addresses[0][:2]
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
         clients.append(client)
-        await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
-        if app[server.STATE].engine is not None:
-            guard_original_processor(app[server.STATE].engine)
+        await asyncio.wait_for(app[http_api.STATE].settled.wait(), TIMEOUT)
+        if app[http_api.STATE].engine is not None:
+            guard_original_processor(app[http_api.STATE].engine)
         return Running(f"http://{host}:{port}", app, client)
 
     yield start
@@ -207,24 +213,46 @@ BAD_INPUTS = [
     ("image item of the wrong type", {"payload": {"text": QWEN_TEXT, "images": [1]}}, 400, "images[0]"),
     ("unknown field", {"payload": {"text": "x", "imgs": []}}, 400, "unknown field(s) imgs"),
     ("base64 that is not base64", {"payload": {"text": QWEN_TEXT, "images": ["%%%"]}}, 400, "not valid base64"),
-    ("base64 that is not an image", {"payload": {"text": QWEN_TEXT, "images": [b64(b"hello world")]}}, 400,
-     "not an image"),
-    ("a truncated image", {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(200, 150)[:700])]}}, 400,
-     "could not be decoded"),
+    ("base64 that is not an image", {"payload": {"text": QWEN_TEXT, "images": [b64(b"hello world")]}}, 400, "not an image"),
+    (
+        "a truncated image",
+        {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(200, 150)[:700])]}},
+        400,
+        "could not be decoded",
+    ),
     ("a decompression bomb", {"payload": {"text": QWEN_TEXT, "images": [b64(_png_bomb())]}}, 413, "too large"),
-    ("an image over the pixel cap", {"payload": {"text": QWEN_TEXT, "images": [b64(_medium_png())]}}, 413,
-     "over the limit of 5000000"),
-    ("more images than placeholders",
-     {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes()), b64(jpeg_bytes())]}}, 422,
-     "1 image placeholder(s)"),
-    ("more placeholders than images", {"payload": {"text": QWEN_TEXT + QWEN_TEXT, "images": [b64(jpeg_bytes())]}},
-     422, "2 image placeholder(s)"),
+    (
+        "an image over the pixel cap",
+        {"payload": {"text": QWEN_TEXT, "images": [b64(_medium_png())]}},
+        413,
+        "over the limit of 5000000",
+    ),
+    (
+        "more images than placeholders",
+        {"payload": {"text": QWEN_TEXT, "images": [b64(jpeg_bytes()), b64(jpeg_bytes())]}},
+        422,
+        "1 image placeholder(s)",
+    ),
+    (
+        "more placeholders than images",
+        {"payload": {"text": QWEN_TEXT + QWEN_TEXT, "images": [b64(jpeg_bytes())]}},
+        422,
+        "2 image placeholder(s)",
+    ),
     ("audio to an image processor", {"payload": {"text": "x", "audio": [b64(wav_bytes())]}}, 422, "takes no audio"),
-    ("an image the processor rejects",
-     {"payload": {"text": QWEN_TEXT, "images": [b64(png_bytes(2, 600))]}}, 422, "processor rejected the input"),
+    (
+        "an image the processor rejects",
+        {"payload": {"text": QWEN_TEXT, "images": [b64(png_bytes(2, 600))]}},
+        422,
+        "processor rejected the input",
+    ),
     ("a body over the size limit", {"data": b'{"text": "' + b"x" * 300_000 + b'"}'}, 413, "over the limit"),
-    ("an unsupported content type", {"data": b"text=x", "headers": {"Content-Type": "text/plain"}}, 415,
-     "Content-Type must be application/json"),
+    (
+        "an unsupported content type",
+        {"data": b"text=x", "headers": {"Content-Type": "text/plain"}},
+        415,
+        "Content-Type must be application/json",
+    ),
     ("an unknown answer format", {"payload": {"text": "x"}, "query": "?format=xml"}, 400, "format must be"),
     ("an unacceptable Accept", {"payload": {"text": "x"}, "headers": {"Accept": "image/png"}}, 406, "cannot answer"),
 ]
@@ -258,8 +286,10 @@ async def test_every_bad_input_gets_a_clear_4xx_and_the_pool_keeps_serving(start
     assert running.state.engine is not None and running.state.engine.decode_on_worker is decode_on_worker
     good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
     for case, request, expected_status, fragment in BAD_INPUTS:
-        status, headers, body = await running.post(
-            request.get("payload"), data=request.get("data"), headers=request.get("headers"),
+        status, _headers, body = await running.post(
+            request.get("payload"),
+            data=request.get("data"),
+            headers=request.get("headers"),
             query=request.get("query", ""),
         )
         assert status == expected_status, (case, body)
@@ -280,11 +310,12 @@ async def test_a_chunked_body_is_read_whole_and_held_to_the_size_limit(start_ser
     def chunked(data: bytes):
         async def pieces():
             for start in range(0, len(data), 1000):
-                yield data[start:start + 1000]
+                yield data[start : start + 1000]
+
         return pieces()
 
     sized = await running.post(data=good)
-    status, headers, body = await running.post(data=chunked(good))
+    status, _headers, body = await running.post(data=chunked(good))
     assert status == 200, body
     assert body == sized[2]
     status, _, body = await running.post(data=chunked(b'{"text": "' + b"x" * 300_000 + b'"}'))
@@ -355,7 +386,7 @@ async def test_an_unexpected_failure_is_a_json_500_and_counted(start_server, tok
     def broken(*args, **kwargs):
         raise AssertionError("a bug")
 
-    monkeypatch.setattr(server.pipeline, "decode_request", broken)
+    monkeypatch.setattr(http_api.pipeline, "decode_request", broken)
     status, _, body = await running.post({"text": "x"})
     assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
     async with running.client.get(f"{running.url}/metrics") as response:
@@ -398,7 +429,7 @@ async def test_a_cap_the_pod_finds_itself_beats_the_operators_reason(start_serve
     running = await start_server(
         uncloneable_dir, trust_remote_code=True, environ=_operator_env("cpu", 2, Reason.CPU_PATH_DEFAULT)
     )
-    status, info = await running.json("/v1/info")
+    _status, info = await running.json("/v1/info")
     assert (info["pool"], info["workers"]["processor"], info["workers"]["reason"]) == ("cpu", 1, "NotCloneable")
 
 
@@ -413,7 +444,7 @@ async def test_a_processor_that_cannot_load_reports_unhealthy(start_server, uncl
 
 async def _until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
     async def wait() -> None:
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - the condition changes on pool threads; there is no event to await
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(wait(), timeout)
@@ -445,7 +476,7 @@ async def test_concurrent_requests_across_workers_answer_exactly_as_a_serial_run
     parallel = await start_server(qwen_dir, workers=2)
     answers = await asyncio.gather(*(parallel.post(p, query="?format=safetensors") for p in payloads))
     assert parallel.state.engine.pool.workers == 2
-    for (status, _, body), want in zip(answers, expected):
+    for (status, _, body), want in zip(answers, expected, strict=True):
         assert status == 200, body
         got = load(body)
         assert got.keys() == want.keys()
@@ -459,9 +490,9 @@ async def test_concurrent_requests_across_workers_answer_exactly_as_a_serial_run
 def _worker_clones_failing_after(monkeypatch, good: int) -> None:
     """The first ``good`` processor clones made by pool workers work, later ones fail; loading,
     the start-up probe (other threads) and copies inside processing are left alone."""
+    from conftest import POOL_THREAD_PREFIX
     from transformers import ProcessorMixin
 
-    from conftest import POOL_THREAD_PREFIX
     from mmprep_runtime import executor
 
     real = executor.copy.deepcopy
@@ -489,7 +520,7 @@ async def test_a_worker_whose_clone_fails_after_the_probe_retires_and_the_server
     _worker_clones_failing_after(monkeypatch, good=1)  # one worker clones, the other cannot
     running = await start_server(qwen_dir, workers=2)
     assert await running.json("/readyz") == (200, {"ready": True})
-    status, info = await running.json("/v1/info")
+    _status, info = await running.json("/v1/info")
     assert info["workers"]["processor"] == 2 and info["workers"]["live"] == 1
     assert "MemoryError" in info["workers"]["retired"][0]["error"]
     for seed in range(3):

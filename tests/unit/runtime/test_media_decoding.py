@@ -7,8 +7,8 @@ import io
 import wave
 
 import numpy as np
-from PIL import Image
 import pytest
+from PIL import Image
 
 from mmprep_runtime import decoding, errors, testing_media
 
@@ -91,8 +91,7 @@ def test_every_layout_gives_the_same_pixels_as_pil(encode):
 
 def test_a_jpeg_with_a_side_a_channel_count_could_be_stays_a_pil_image():
     # HWC (4, 40, 3): a processor could take the 4 rows for RGBA channels.
-    image = decoding.decode_image(testing_media.jpeg(40, 4), "images[0]", max_pixels=10_000,
-                                  layout=decoding.ImageLayout.ARRAY)
+    image = decoding.decode_image(testing_media.jpeg(40, 4), "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.ARRAY)
     assert isinstance(image, Image.Image) and image.size == (40, 4)
 
 

@@ -26,7 +26,7 @@ class ConcurrencyDetector:
         self.calls = 0
         self.customized = "no"
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "ConcurrencyDetector":
+    def __deepcopy__(self, memo: dict[int, Any]) -> ConcurrencyDetector:
         clone = ConcurrencyDetector()
         clone.customized = self.customized
         return clone
@@ -191,10 +191,10 @@ def test_the_clone_probe_reports_why_a_processor_cannot_be_copied():
         def __init__(self):
             self.lock = threading.Lock()  # a native handle: deepcopy cannot pickle it
 
-    probe = executor.probe_clone(Handle)
+    probe = executor.try_clone(Handle)
     assert not probe.cloneable
     assert "lock" in probe.error
-    assert executor.probe_clone(ConcurrencyDetector).cloneable
+    assert executor.try_clone(ConcurrencyDetector).cloneable
 
 
 def test_an_uncloneable_processor_gets_one_worker_that_uses_the_original():
@@ -279,7 +279,7 @@ class FailsToCloneAfter:
     def __init__(self, good: int) -> None:
         self.left = [good]  # shared by the clones' originals: counts copies of the original
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "FailsToCloneAfter":
+    def __deepcopy__(self, memo: dict[int, Any]) -> FailsToCloneAfter:
         if self.left[0] <= 0:
             raise MemoryError("cannot allocate the tokenizer's tables")
         self.left[0] -= 1

@@ -11,20 +11,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import io
-import json
 import struct
 import zlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
-from conftest import guard_original_processor
 from aiohttp import web
+from conftest import guard_original_processor
 
-from mmprep_runtime import loading, server, testing_media
-from mmprep_runtime.policy import Device
+from mmprep_runtime import http_api, loading, testing_media
 from mmprep_runtime.settings import FetchSettings, Limits, RenderSettings, ServeSettings, parse_networks
+from mmprep_runtime.sizing import Device
 
 TIMEOUT = 60
 
@@ -46,6 +45,7 @@ TEXT = {"type": "text", "text": "Describe this picture."}
 
 def _huge_png(width: int = 40000, height: int = 40000) -> bytes:
     """A PNG whose header says 40000x40000: refused from the header, before any pixel is decoded."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
@@ -101,15 +101,18 @@ async def start_render() -> AsyncIterator[Any]:
     runners: list[web.AppRunner] = []
     clients: list[aiohttp.ClientSession] = []
 
-    async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False,
-                    limits: Limits = Limits()) -> Running:
+    async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False, limits: Limits = Limits()) -> Running:
         fetch = FetchSettings(allowed_networks=parse_networks(allowed), max_bytes=200_000, read_timeout_s=1.0)
         settings = ServeSettings(
-            model=loading.ModelSettings(str(folder), device=Device.CPU), host="127.0.0.1", port=0,
-            processor_workers=1, io_workers=2, limits=limits,
+            model=loading.ModelSettings(str(folder), device=Device.CPU),
+            host="127.0.0.1",
+            port=0,
+            processor_workers=1,
+            io_workers=2,
+            limits=limits,
             render=RenderSettings(normalized_pixels=normalized, fetch=fetch),
         )
-        app = server.create_app(settings)
+        app = http_api.create_app(settings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
@@ -118,9 +121,9 @@ async def start_render() -> AsyncIterator[Any]:
         host, port = runner.addresses[0][:2]
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
         clients.append(client)
-        await asyncio.wait_for(app[server.STATE].settled.wait(), TIMEOUT)
-        if app[server.STATE].engine is not None:
-            guard_original_processor(app[server.STATE].engine)
+        await asyncio.wait_for(app[http_api.STATE].settled.wait(), TIMEOUT)
+        if app[http_api.STATE].engine is not None:
+            guard_original_processor(app[http_api.STATE].engine)
         return Running(f"http://{host}:{port}", app, client)
 
     yield start
@@ -138,15 +141,20 @@ def _decode_item(text: str) -> dict[str, Any]:
 
 async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qwen_dir):
     running = await start_render(qwen_dir)
-    status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(112, 84))), TEXT, ),
-                                          )
+    status, answer = await running.render(
+        _chat(
+            _image(_data_uri(testing_media.jpeg(112, 84))),
+            TEXT,
+        ),
+    )
     assert status == 200, answer
     assert answer["request_id"].startswith("chatcmpl-")
     features = answer["features"]
     (placeholder,) = features["mm_placeholders"]["image"]
     assert placeholder["length"] == 12  # 112x84 -> 8x6 patches of 14 -> 48 / 2x2 merge
-    assert set(answer["token_ids"][placeholder["offset"]:placeholder["offset"] + 12]) == {
-        running.app[server.STATE].render_model.image_token_id}
+    assert set(answer["token_ids"][placeholder["offset"] : placeholder["offset"] + 12]) == {
+        running.app[http_api.STATE].render_model.image_token_id
+    }
     (item,) = features["kwargs_data"]["image"]
     decoded = _decode_item(item)
     dtype, shape, _raw = decoded["pixel_values"]["data"]
@@ -178,8 +186,7 @@ async def test_models_and_health_answer_like_vllm(start_render, qwen_dir):
     assert models["object"] == "list" and models["data"][0]["id"] == str(qwen_dir)
     async with running.client.get(running.url + "/v1/info") as response:
         assert (await response.json())["vllm_render"]["pixels"] == "uint8"
-    status, answer = await running.render({"prompt": "The quick brown fox", "max_tokens": 5},
-                                          "/v1/completions/render")
+    status, answer = await running.render({"prompt": "The quick brown fox", "max_tokens": 5}, "/v1/completions/render")
     assert status == 200 and isinstance(answer, list) and answer[0]["sampling_params"]["max_tokens"] == 5
     assert "features" not in answer[0]
 
@@ -190,22 +197,26 @@ def _bad_inputs(images: str) -> list[tuple[str, Any, int, str]]:
         ("messages missing", {"model": "x"}, 400, "'messages'"),
         ("an unknown content part type", _chat({"type": "video_frame"}), 400, "video_frame"),
         ("an image_url without a url", _chat({"type": "image_url", "image_url": {}}), 400, "'url'"),
-        ("more images than the placeholders",
-         _chat(_image(_data_uri(testing_media.jpeg())), {"type": "text", "text": "x <|image_pad|>"}), 400,
-         "reserved image placeholder"),
-        ("a data URI that is not an image", _chat(_image(_data_uri(b"hello world", "image/png")), TEXT), 400,
-         "not an image"),
-        ("a data URI of another media type", _chat(_image(_data_uri(b"hello", "text/plain")), TEXT), 400,
-         "not an image"),
+        (
+            "more images than the placeholders",
+            _chat(_image(_data_uri(testing_media.jpeg())), {"type": "text", "text": "x <|image_pad|>"}),
+            400,
+            "reserved image placeholder",
+        ),
+        ("a data URI that is not an image", _chat(_image(_data_uri(b"hello world", "image/png")), TEXT), 400, "not an image"),
+        ("a data URI of another media type", _chat(_image(_data_uri(b"hello", "text/plain")), TEXT), 400, "not an image"),
         ("a 40000x40000 PNG", _chat(_image(_data_uri(_huge_png(), "image/png")), TEXT), 413, "is too large"),
         ("an image URL that 404s", _chat(_image(f"{images}/missing.jpg"), TEXT), 400, "answered HTTP 404"),
         ("an image URL that times out", _chat(_image(f"{images}/slow.jpg"), TEXT), 408, "did not answer"),
-        ("an image URL that redirects forever", _chat(_image(f"{images}/loop.jpg"), TEXT), 400,
-         "redirects more than"),
+        ("an image URL that redirects forever", _chat(_image(f"{images}/loop.jpg"), TEXT), 400, "redirects more than"),
         ("an image URL larger than the cap", _chat(_image(f"{images}/big.jpg"), TEXT), 413, "over the cap"),
         ("an image URL of a file: scheme", _chat(_image("file:///etc/passwd"), TEXT), 400, "data:, http: or https:"),
-        ("an image URL at the metadata address", _chat(_image("http://169.254.169.254/latest/x.jpg"), TEXT), 400,
-         "not a public address"),
+        (
+            "an image URL at the metadata address",
+            _chat(_image("http://169.254.169.254/latest/x.jpg"), TEXT),
+            400,
+            "not a public address",
+        ),
         ("an unknown model", _chat(TEXT, model="other-model"), 404, "does not exist"),
         ("an unsupported field", _chat(TEXT, tools=[{"type": "function"}]), 400, "tools"),
     ]
@@ -216,8 +227,9 @@ async def test_every_bad_input_gets_a_clear_4xx_and_the_next_request_succeeds(st
     good = _chat(_image(f"{images}/photo.jpg"), TEXT)
     for case, body, expected, fragment in _bad_inputs(images):
         if isinstance(body, bytes):
-            async with running.client.post(running.url + "/v1/chat/completions/render", data=body,
-                                           headers={"Content-Type": "application/json"}) as response:
+            async with running.client.post(
+                running.url + "/v1/chat/completions/render", data=body, headers={"Content-Type": "application/json"}
+            ) as response:
                 status, answer = response.status, await response.json()
         else:
             status, answer = await running.render(body)
@@ -239,8 +251,10 @@ async def test_loopback_urls_are_refused_unless_allowed(start_render, qwen_dir, 
 
 async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
     running = await start_render(qwen_dir)
-    body = {"text": "look <|vision_start|><|image_pad|><|vision_end|>",
-            "images": [base64.b64encode(testing_media.jpeg(56, 56)).decode()]}
+    body = {
+        "text": "look <|vision_start|><|image_pad|><|vision_end|>",
+        "images": [base64.b64encode(testing_media.jpeg(56, 56)).decode()],
+    }
     async with running.client.post(running.url + "/v1/preprocess?pixels=uint8", json=body) as response:
         answer = await response.json()
     assert answer["tensors"]["pixel_values"]["dtype"] == "uint8"
@@ -248,8 +262,7 @@ async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
         assert (await response.json())["tensors"]["pixel_values"]["dtype"] == "float32"
 
 
-async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(
-        start_render, llava_dir):
+async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(start_render, llava_dir):
     running = await start_render(llava_dir)
     status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT))
     assert status == 400 and "renders images for" in answer["error"]["message"], answer

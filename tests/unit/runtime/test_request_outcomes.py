@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mmprep_runtime import errors, loading, server, testing_models
-from mmprep_runtime.policy import Device
+from mmprep_runtime import errors, http_api, loading, testing_models
 from mmprep_runtime.settings import Load, ServeSettings
+from mmprep_runtime.sizing import Device
 from mmprep_runtime.testing_media import jpeg
 
 TIMEOUT = 60
@@ -43,27 +43,32 @@ def test_each_answer_code_falls_in_one_outcome_class(code: str, outcome: str) ->
 def sample(metrics: str, name: str, outcome: str) -> float:
     prefix = f'{name}{{outcome="{outcome}"}} '
     line = next(line for line in metrics.splitlines() if line.startswith(prefix))
-    return float(line[len(prefix):])
+    return float(line[len(prefix) :])
 
 
 async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_dir) -> None:
     settings = ServeSettings(
         model=loading.ModelSettings(str(qwen_dir), device=Device.CPU),
-        host="127.0.0.1", port=0, processor_workers=1, io_workers=1, load=Load(queue_size=0),
+        host="127.0.0.1",
+        port=0,
+        processor_workers=1,
+        io_workers=1,
+        load=Load(queue_size=0),
     )
-    app = server.create_app(settings)
+    app = http_api.create_app(settings)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    state = app[server.STATE]
+    state = app[http_api.STATE]
     await asyncio.wait_for(state.settled.wait(), TIMEOUT)
     url = f"http://{host}:{port}"
     good = json.dumps({"text": f"a {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(56, 56)).decode()]})
     release = threading.Event()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
+
             async def post(body: str) -> int:
                 async with client.post(f"{url}/v1/preprocess", data=body, headers={"Content-Type": "application/json"}) as r:
                     await r.read()

@@ -11,9 +11,16 @@ from mmprep_runtime import errors, loading, pipeline
 
 def _facts(**overrides) -> loading.ProcessorFacts:
     values = dict(
-        model="m", processor_class="P", tokenizer_class="T", image_processor_class=None,
-        fast_image_processor=False, backend=None, feature_extractor_class=None, sampling_rate=None,
-        image_token=None, declared_workers=None,
+        model="m",
+        processor_class="P",
+        tokenizer_class="T",
+        image_processor_class=None,
+        fast_image_processor=False,
+        backend=None,
+        feature_extractor_class=None,
+        sampling_rate=None,
+        image_token=None,
+        declared_workers=None,
     )
     values.update(overrides)
     return loading.ProcessorFacts(**values)
@@ -66,8 +73,9 @@ def test_the_pixels_of_all_images_together_are_capped():
     with pytest.raises(errors.MediaTooLarge, match="images up to images\\[2\\] have 30000 pixels"):
         pipeline.decode_request(body, facts, Limits(max_request_pixels=29_999))
     with pytest.raises(errors.MediaTooLarge, match="images\\[1\\]"):
-        pipeline.decode_request(body, _facts(image_processor_class="I", fast_image_processor=True),
-                                Limits(max_request_pixels=15_000))
+        pipeline.decode_request(
+            body, _facts(image_processor_class="I", fast_image_processor=True), Limits(max_request_pixels=15_000)
+        )
 
 
 @pytest.mark.parametrize(("kind", "backend"), [("qwen2-vl", "pil"), ("llava", "pil"), ("qwen2-vl", "torchvision")])
@@ -88,14 +96,16 @@ def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_fa
     token = testing_models.QWEN_IMAGE_PLACEHOLDER if kind == "qwen2-vl" else testing_models.LLAVA_IMAGE_TOKEN
     body = {
         "text": f"first {token} then {token}",
-        "images": [base64.b64encode(testing_media.jpeg(120, 90, seed=3)).decode(),
-                   base64.b64encode(testing_media.png(64, 48)).decode()],
+        "images": [
+            base64.b64encode(testing_media.jpeg(120, 90, seed=3)).decode(),
+            base64.b64encode(testing_media.png(64, 48)).decode(),
+        ],
     }
     request = pipeline.decode_request(json.dumps(body).encode(), facts, Limits())
     assert type(request.images[0]).__name__ == ("ndarray" if backend == "pil" else "Tensor")
-    as_pil = dataclasses.replace(request, images=tuple(
-        decoding.decode_image(base64.b64decode(item), "image", max_pixels=10**6) for item in body["images"]
-    ))
+    as_pil = dataclasses.replace(
+        request, images=tuple(decoding.decode_image(base64.b64decode(item), "image", max_pixels=10**6) for item in body["images"])
+    )
     ours, reference = pipeline.process(processor, request, facts), pipeline.process(processor, as_pil, facts)
     assert ours.keys() == reference.keys()
     for name in ours:

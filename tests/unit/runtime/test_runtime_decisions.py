@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from mmprep_runtime import cli, cpus, cuda, engine, loading, policy, settings
-from mmprep_runtime.policy import Backend, Device, Path, Reason
+from mmprep_runtime import cli, cpus, cuda, engine, loading, settings, sizing
+from mmprep_runtime.sizing import Backend, Device, Path, Reason
 
 
 def test_a_cpu_processor_without_declaration_gets_the_cpu_default(started, llava_dir):
@@ -73,10 +73,9 @@ def test_asking_for_cuda_without_cuda_is_an_error(monkeypatch):
 # -- the decision table, as the runtime uses it (path from the processor's facts) ------------------
 
 
-def _decide(*, gpu: bool, backend: str = "torchvision", fast: bool = True, declared=None, explicit=None,
-            cloneable: bool = True):
-    path = policy.decide_path(gpu_available=gpu, backend=backend, fast_image_processor=fast)
-    return policy.decide_workers(path=path, cloneable=cloneable, explicit=explicit, declared=declared)
+def _decide(*, gpu: bool, backend: str = "torchvision", fast: bool = True, declared=None, explicit=None, cloneable: bool = True):
+    path = sizing.decide_path(gpu_available=gpu, backend=backend, fast_image_processor=fast)
+    return sizing.decide_workers(path=path, cloneable=cloneable, explicit=explicit, declared=declared)
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,14 @@ from mmprep_runtime import vllm_format
 
 def _reference(item: dict[str, vllm_format.KwargsElement]) -> bytes:
     wire = {
-        key: {"data": [str(e.data.dtype).removeprefix("torch."), list(e.data.shape),
-                       msgpack.ExtType(vllm_format.RAW_VIEW_EXT, e.data.contiguous().numpy().tobytes())],
-              "field": e.field.wire()}
+        key: {
+            "data": [
+                str(e.data.dtype).removeprefix("torch."),
+                list(e.data.shape),
+                msgpack.ExtType(vllm_format.RAW_VIEW_EXT, e.data.contiguous().numpy().tobytes()),
+            ],
+            "field": e.field.wire(),
+        }
         for key, e in item.items()
     }
     return msgpack.packb(wire, use_bin_type=True)
@@ -47,7 +52,10 @@ def test_a_non_contiguous_tensor_is_written_in_row_order():
 
 def test_placeholder_runs_find_each_run_of_the_image_token():
     assert vllm_format.placeholder_runs([1, 5, 5, 2, 5, 3, 5, 5, 5], 5) == [
-        {"offset": 1, "length": 2}, {"offset": 4, "length": 1}, {"offset": 6, "length": 3}]
+        {"offset": 1, "length": 2},
+        {"offset": 4, "length": 1},
+        {"offset": 6, "length": 3},
+    ]
     assert vllm_format.placeholder_runs([1, 2], 5) == []
 
 
@@ -56,6 +64,14 @@ def test_mm_hashes_depend_on_the_bytes_the_model_and_the_conversion():
     converted = vllm_format.EncodedImage(b"\xff\xd8 image bytes", {"image_mode": "RGB"})
     base = vllm_format.mm_hash("model", "image", plain, {})
     assert base == vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 image bytes"), {})
-    assert len({base, vllm_format.mm_hash("other", "image", plain, {}),
+    assert (
+        len(
+            {
+                base,
+                vllm_format.mm_hash("other", "image", plain, {}),
                 vllm_format.mm_hash("model", "image", converted, {}),
-                vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 other"), {})}) == 4
+                vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 other"), {}),
+            }
+        )
+        == 4
+    )

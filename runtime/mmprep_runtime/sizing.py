@@ -1,4 +1,6 @@
-"""The worker-count decision: how many preprocessing workers a processor gets on some hardware.
+"""Sizing: where preprocessing runs (the path) and how many workers a processor gets there.
+
+(Not "policy": in this project that word is the operator's configuration, ``OperatorPolicy``.)
 
 This is the one implementation of the rule. The operator imports it to decide per node pool; the
 runtime imports it to decide for itself when no operator set ``MMPREP_PROCESSOR_WORKERS``. It must
@@ -74,12 +76,7 @@ def decide_path(
     """
     device = Device(device)
     backend = Backend(backend)
-    if (
-        gpu_available
-        and device is not Device.CPU
-        and backend is not Backend.PIL
-        and fast_image_processor
-    ):
+    if gpu_available and device is not Device.CPU and backend is not Backend.PIL and fast_image_processor:
         return Path.GPU
     return Path.CPU
 

@@ -19,7 +19,8 @@ import functools
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -113,9 +114,7 @@ async def _read_json_body(request: web.Request, limits: Limits) -> bytes:
     if content_type != JSON_TYPE:
         raise errors.UnsupportedMediaType(f"Content-Type must be {JSON_TYPE}, got {content_type!r}")
     if request.content_length is not None and request.content_length > limits.max_body_bytes:
-        raise errors.BodyTooLarge(
-            f"body of {request.content_length} bytes is over the limit of {limits.max_body_bytes}"
-        )
+        raise errors.BodyTooLarge(f"body of {request.content_length} bytes is over the limit of {limits.max_body_bytes}")
     return await _read_body(request, limits.max_body_bytes)
 
 
@@ -134,8 +133,9 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
     binary = _wants_safetensors(request)
     uint8 = _wants_uint8(request, engine)
     body = await _read_json_body(request, state.settings.limits)
-    api = pipeline.PreprocessApi(engine.facts, state.settings.limits, binary,
-                                 dict(vllm_format.DEVICE_NORMALIZE_KWARGS) if uint8 else {})
+    api = pipeline.PreprocessApi(
+        engine.facts, state.settings.limits, binary, dict(vllm_format.DEVICE_NORMALIZE_KWARGS) if uint8 else {}
+    )
     served = await engine.serve(api, body)
     state.metrics.decode_seconds.observe(served.decode_seconds)
     return web.Response(body=served.payload, content_type=OCTET_STREAM if binary else JSON_TYPE)
@@ -145,9 +145,7 @@ Handler = Callable[[web.Request, ServerState, engine_module.Engine], Awaitable[w
 ErrorRenderer = Callable[[errors.RequestError], web.Response]
 
 
-async def admitted(
-    request: web.Request, handler: Handler, render_error: ErrorRenderer = _error_response
-) -> web.Response:
+async def admitted(request: web.Request, handler: Handler, render_error: ErrorRenderer = _error_response) -> web.Response:
     """Readiness, admission, deadline, metrics and error mapping around one API handler: every
     HTTP API shares them, only the error JSON's shape is the API's."""
     state = request.app[STATE]
@@ -170,9 +168,7 @@ async def admitted(
             # Every worker's clone failed after start-up: the pod cannot serve (readiness says so).
             raise errors.NotReady(f"not ready: {exc}") from None
         except TimeoutError:
-            raise errors.DeadlineExceeded(
-                f"no answer within the deadline of {state.settings.load.deadline_s:g} s"
-            ) from None
+            raise errors.DeadlineExceeded(f"no answer within the deadline of {state.settings.load.deadline_s:g} s") from None
         finally:
             admission.leave()
     except errors.RequestError as error:
@@ -200,16 +196,25 @@ async def handle_preprocess(request: web.Request) -> web.Response:
 
 
 def _vllm_error(error: errors.RequestError) -> web.Response:
-    return web.json_response(vllm_format.error_body(error.message, error.status, getattr(error, "param", None)),
-                             status=error.status, headers=error.headers)
+    return web.json_response(
+        vllm_format.error_body(error.message, error.status, getattr(error, "param", None)),
+        status=error.status,
+        headers=error.headers,
+    )
 
 
 def _render_handler(chat: bool) -> Handler:
     async def handler(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
         body = await _read_json_body(request, state.settings.limits)
         assert state.render_model is not None
-        api = render.RenderApi(engine.facts, state.render_model, state.settings.limits, state.fetcher, chat,
-                               request_id=request.headers.get("X-Request-Id"))
+        api = render.RenderApi(
+            engine.facts,
+            state.render_model,
+            state.settings.limits,
+            state.fetcher,
+            chat,
+            request_id=request.headers.get("X-Request-Id"),
+        )
         served = await engine.serve(api, body)
         state.metrics.decode_seconds.observe(served.decode_seconds)
         return web.Response(body=served.payload, content_type=JSON_TYPE)
@@ -234,13 +239,30 @@ async def handle_models(request: web.Request) -> web.Response:
     if state.render_model is None:
         return _vllm_error(errors.NotReady("not ready: the processor is loading"))
     model = state.render_model
-    permission = {"id": f"modelperm-{state.started:x}", "object": "model_permission", "created": state.started,
-                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                  "organization": "*", "group": None, "is_blocking": False}
-    card = {"id": model.served_name, "object": "model", "created": state.started, "owned_by": "vllm",
-            "root": model.model_id, "parent": None, "max_model_len": model.max_model_len,
-            "permission": [permission]}
+    permission = {
+        "id": f"modelperm-{state.started:x}",
+        "object": "model_permission",
+        "created": state.started,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    card = {
+        "id": model.served_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "vllm",
+        "root": model.model_id,
+        "parent": None,
+        "max_model_len": model.max_model_len,
+        "permission": [permission],
+    }
     return web.json_response({"object": "list", "data": [card]})
 
 
@@ -293,7 +315,8 @@ async def handle_info(request: web.Request) -> web.Response:
     if state.render_model is not None:
         model = state.render_model
         info["vllm_render"] = {
-            "served_model_name": model.served_name, "max_model_len": model.max_model_len,
+            "served_model_name": model.served_name,
+            "max_model_len": model.max_model_len,
             "pixels": "uint8" if model.device_normalize else "normalized",
             "fetch_allowed_networks": [str(n) for n in state.settings.render.fetch.allowed_networks],
         }
@@ -345,9 +368,7 @@ async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
         state.settled.set()
 
 
-def create_app(
-    settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine
-) -> web.Application:
+def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine) -> web.Application:
     """The application; nothing is loaded until it starts (the engine loads in the background)."""
     # aiohttp's own body limit backs up ours for bodies without Content-Length (chunked).
     app = web.Application(client_max_size=settings.limits.max_body_bytes)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mmprep_runtime.policy import Backend, Device, Path, Reason, decide_path, decide_workers
+from mmprep_runtime.sizing import Backend, Device, Path, Reason, decide_path, decide_workers
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_unknown_device_is_refused():
 
 def test_policy_imports_without_torch_or_transformers():
     code = (
-        "import sys, mmprep_runtime.policy\n"
+        "import sys, mmprep_runtime.sizing\n"
         "heavy = {'torch', 'transformers', 'torchvision', 'PIL'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
