@@ -260,12 +260,12 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
     one torch thread: where a request's cost goes."""
     import torch
 
-    from mmprep_runtime import loading, openai_chat, render, vllm_format
+    from mmprep_runtime import loading, openai_chat, vllm_format, vllm_render
     from mmprep_runtime.settings import Limits, RenderSettings
 
     torch.set_num_threads(1)
     processor, facts = loading.load_processor(loading.ModelSettings(str(model)))
-    model_facts = render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
+    model_facts = vllm_render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
     limits = Limits()
     totals: dict[str, float] = {}
     count = 0
@@ -280,18 +280,19 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
     while time.monotonic() < deadline or count < 5:
         request = timed("parse body (JSON, base64)", lambda: openai_chat.parse_chat(body))
         data = request.images[0].data
-        image, identity = timed("decode JPEG", lambda: render.decode_image(data, "image", limits, facts.image_layout))
-        text = timed("chat template", lambda: render._prompt_text(processor, request))
+        image, identity = timed("decode JPEG", lambda: vllm_render.decode_image(data, "image", limits, facts.image_layout))
+        text = timed("chat template", lambda: vllm_render._prompt_text(processor, request))
         outputs = timed(
             "processor (resize, patches, tokenize)",
-            lambda: render._process_tokenizing_once(processor, text, [image], model_facts),
+            lambda: vllm_render._process_tokenizing_once(processor, text, [image], model_facts),
         )
         items = timed(
-            "split into items", lambda: render._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype)
+            "split into items",
+            lambda: vllm_render._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype),
         )
         timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
-        rendered = render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
-        api = render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
+        rendered = vllm_render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
+        api = vllm_render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
         timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
         count += 1
     return {name: round(total * 1000 / count, 2) for name, total in totals.items()}

@@ -276,13 +276,13 @@ def request_body(api: str, size: tuple[int, int]) -> bytes:
 
 
 def served_api(running: engine.Engine, api: str, fetcher: Any = None) -> Any:
-    from mmprep_runtime import render
+    from mmprep_runtime import vllm_render
     from mmprep_runtime.settings import RenderSettings
 
     if api == "preprocess":
         return pipeline.PreprocessApi(running.facts, Limits())
-    model = render.model_facts(running.processor, running.facts, RenderSettings())
-    return render.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
+    model = vllm_render.model_facts(running.processor, running.facts, RenderSettings())
+    return vllm_render.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
 
 
 def measure_served(running: engine.Engine, api: Any, body: bytes, duration: float, progress: bool) -> Measurement:

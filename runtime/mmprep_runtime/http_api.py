@@ -25,7 +25,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from mmprep_runtime import engine as engine_module
-from mmprep_runtime import errors, executor, fetching, pipeline, render, vllm_format
+from mmprep_runtime import errors, executor, fetching, pipeline, vllm_format, vllm_render
 from mmprep_runtime.admission import Admission
 from mmprep_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mmprep_runtime.metrics import Metrics
@@ -46,7 +46,7 @@ class ServerState:
     fetcher: fetching.Fetcher
     engine: engine_module.Engine | None = None
     #: The vLLM render API's view of the model (served name, context length, pixel hand-off).
-    render_model: render.ModelFacts | None = None
+    render_model: vllm_render.ModelFacts | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
     draining: bool = False
@@ -122,7 +122,7 @@ def _wants_uint8(request: web.Request, engine: engine_module.Engine) -> bool:
     pixels = request.query.get("pixels", "normalized")
     if pixels not in ("normalized", "uint8"):
         raise errors.BadRequest(f"pixels must be 'normalized' or 'uint8', got {pixels!r}")
-    if pixels == "uint8" and engine.facts.processor_class not in render.DEVICE_NORMALIZE_PROCESSORS:
+    if pixels == "uint8" and engine.facts.processor_class not in vllm_render.DEVICE_NORMALIZE_PROCESSORS:
         raise errors.BadRequest(
             f"pixels=uint8: this processor ({engine.facts.processor_class}) cannot leave normalization to the GPU"
         )
@@ -207,7 +207,7 @@ def _render_handler(chat: bool) -> Handler:
     async def handler(request: web.Request, state: ServerState, engine: engine_module.Engine) -> web.Response:
         body = await _read_json_body(request, state.settings.limits)
         assert state.render_model is not None
-        api = render.RenderApi(
+        api = vllm_render.RenderApi(
             engine.facts,
             state.render_model,
             state.settings.limits,
@@ -342,7 +342,7 @@ def _install_engine(state: ServerState, engine: engine_module.Engine) -> None:
         busy_seconds=lambda: engine.pool.busy_seconds,
     )
     state.metrics.describe_engine(engine.info())
-    state.render_model = render.model_facts(engine.processor, engine.facts, state.settings.render)
+    state.render_model = vllm_render.model_facts(engine.processor, engine.facts, state.settings.render)
     state.engine = engine
     state.metrics.ready.set(1)
 
