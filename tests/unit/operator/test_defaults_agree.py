@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
+
+import yaml
+
 from mmprep_operator import cli, config
 from mmprep_operator.config import OperatorPolicy, load_policy
 from mmprep_operator.controller import Controller
@@ -32,3 +36,13 @@ def test_the_run_command_says_the_defaults_it_uses() -> None:
         ("--metrics-port", args.metrics_port),
     ):
         assert flag in run_help and f"(default {value})" in run_help
+
+
+def test_the_charts_defaults_are_the_operators() -> None:
+    """The chart passes these explicitly; an install without values runs as the CLI would."""
+    chart = pathlib.Path(__file__).resolve().parents[3] / "charts" / "mmprep" / "values.yaml"
+    values = yaml.safe_load(chart.read_text())
+    operator = values["operator"]
+    assert (operator["workers"], operator["urgentWorkers"]) == (config.DEFAULT_WORKERS, config.DEFAULT_URGENT_WORKERS)
+    assert (operator["metricsPort"], operator["livenessPort"]) == (config.DEFAULT_METRICS_PORT, config.DEFAULT_LIVENESS_PORT)
+    assert values["policy"]["resyncSeconds"] == config.DEFAULT_RESYNC_SECONDS
