@@ -66,6 +66,8 @@ def test_a_runtime_pod_run_by_the_agent_serves_a_real_preprocess_request(
     assert info["workers"]["processor"] == pool["processorWorkers"]
     assert info["workers"]["io"] == pool["ioWorkers"]
     assert info["path"] == "cpu"
+    # ... and the pod says what the status says: its pool and the rule's reason (not "Explicit").
+    assert (info["pool"], info["workers"]["reason"]) == (pool["name"], pool["reason"]), info["workers"]
 
     body = json.dumps({"text": f"{QWEN_IMAGE_PLACEHOLDER}What is in this picture?", "images": [_png()]}).encode()
     request = urllib.request.Request(
