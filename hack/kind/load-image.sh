@@ -31,10 +31,21 @@ if [ ! -s "$plan" ]; then
   mv "$plan.tmp" "$plan"
 fi
 mapfile -t layers < <(python3 -c 'import json,sys; [print(l["digest"]) for l in json.load(open(sys.argv[1]))["layers"]]' "$plan")
+# The nodes' containerd stores live under the engine's data root: each node needs the unpacked image
+# plus its gzip layers until they are dropped. Say so before a 6 GB import fails half way.
+root=$(docker info -f '{{.DockerRootDir}}')
+need_mb=$(( $(docker image inspect -f '{{.Size}}' "$image") / 1048576 * 3 / 2 ))
+err=$(mktemp)
+trap 'rm -f "$err"' EXIT
 for node in "${todo[@]}"; do
   start=$SECONDS
-  docker save "$image" | python3 "$here/oci_gzip.py" write "$plan" "$ref" \
-    | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null 2>&1
+  free_mb=$(df -Pm "$root" | awk 'NR == 2 { print $4 }')
+  [ "$free_mb" -ge "$need_mb" ] ||
+    kdie "not enough disk to load $image into $node: $free_mb MB free under $root, about $need_mb MB needed"
+  if ! docker save "$image" | python3 "$here/oci_gzip.py" write "$plan" "$ref" 2>>"$err" \
+    | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null 2>>"$err"; then
+    kdie "loading $image into $node failed ($(df -Pm "$root" | awk 'NR == 2 { print $4 }') MB free under $root now): $(tail -n 5 "$err")"
+  fi
   docker exec "$node" ctr -n k8s.io content rm "${layers[@]}" >/dev/null
   # The CRI plugin learns of the import from containerd's events: give it a moment.
   for _ in $(seq 60); do loaded "$node" && break; sleep 1; done
