@@ -37,7 +37,7 @@ from typing import Any
 import msgpack
 import psutil
 
-from mmprep_runtime import testing_media, testing_models, versions
+from mmprep_runtime import bench, testing_models, versions
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -77,21 +77,8 @@ end
 
 
 def chat_body() -> bytes:
-    image = base64.b64encode(testing_media.jpeg(*IMAGE_SIZE, seed=1)).decode()
-    return json.dumps(
-        {
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
-                        {"type": "text", "text": "Describe this picture in one sentence."},
-                    ],
-                }
-            ],
-            "max_tokens": 64,
-        }
-    ).encode()
+    """The chat request both servers get: one 1280x960 photo-like JPEG and a question."""
+    return bench.request_body("vllm-render", IMAGE_SIZE, seed=1)
 
 
 def post(base: str, body: bytes) -> bytes:

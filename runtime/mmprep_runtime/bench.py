@@ -250,13 +250,13 @@ def measure_pool(running: engine.Engine, job: Callable[[Any], object], duration:
     )
 
 
-def request_body(api: str, size: tuple[int, int]) -> bytes:
+def request_body(api: str, size: tuple[int, int], *, seed: int = 0) -> bytes:
     """One request of ``api`` with one synthetic JPEG, the body a client would send."""
     import base64
 
     from mmprep_runtime import testing_models
 
-    image = base64.b64encode(testing_media.jpeg(*size)).decode()
+    image = base64.b64encode(testing_media.jpeg(*size, seed=seed)).decode()
     if api == "preprocess":
         return json.dumps({"text": f"Describe this picture. {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [image]}).encode()
     return json.dumps(

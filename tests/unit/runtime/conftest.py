@@ -6,13 +6,22 @@ classes, a tokenizer trained with ``tokenizers``) and loaded the way a server lo
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
 import pathlib
+import shutil
+import socket
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from mmprep_runtime import engine, loading, testing_models
+from mmprep_runtime import engine, http_api, loading, testing_models
+from mmprep_runtime.settings import ServeSettings
 from mmprep_runtime.sizing import Backend, Device
 
 
@@ -107,3 +116,59 @@ def guard_original_processor(running: engine.Engine) -> None:
     original = running.pool._resolve()
     cls = type(original)
     original.__class__ = type(f"Guarded{cls.__name__}", (_OriginalGuard, cls), {})
+
+
+SERVE_TIMEOUT = 60
+
+
+@dataclasses.dataclass
+class Served:
+    """The real HTTP app on a free local port, and a client session to it."""
+
+    url: str
+    app: web.Application
+    client: aiohttp.ClientSession
+
+    @property
+    def state(self) -> http_api.ServerState:
+        return self.app[http_api.STATE]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]:
+    """``await serve(settings)``: the app as ``serve`` runs it, loaded (or failed) before it returns,
+    with every pool job guarded against the original processor; stopped after the test."""
+    runners: list[web.AppRunner] = []
+    clients: list[aiohttp.ClientSession] = []
+
+    async def start(settings: ServeSettings) -> Served:
+        app = http_api.create_app(settings)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SERVE_TIMEOUT))
+        clients.append(client)
+        await asyncio.wait_for(app[http_api.STATE].settled.wait(), SERVE_TIMEOUT)
+        if app[http_api.STATE].engine is not None:
+            guard_original_processor(app[http_api.STATE].engine)
+        return Served(f"http://{host}:{port}", app, client)
+
+    yield start
+    for client in clients:
+        await client.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+def runtime_command() -> list[str]:
+    """``mmprep-runtime`` as this virtualenv installs it (or its module, when run from a checkout)."""
+    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -6,29 +6,16 @@ What needs a GPU is in tests/gpu (run by hack/gpu-check.sh)."""
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import free_port, runtime_command
 from PIL import Image
 
 from mmprep_runtime import cuda, loading, patches, serve
 
 TIMEOUT = 180
-
-
-def _command() -> list[str]:
-    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the failure path is not reachable")
@@ -37,14 +24,14 @@ def test_serve_on_cuda_without_a_gpu_exits_non_zero_with_the_reason_in_the_termi
     env = {**os.environ, "MMPREP_DEVICE": "cuda"}
     done = subprocess.run(
         [
-            *_command(),
+            *runtime_command(),
             "serve",
             "--model",
             str(qwen_dir),
             "--host",
             "127.0.0.1",
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--termination-log",
             str(log),
         ],
@@ -130,7 +117,7 @@ def test_the_bench_baseline_follows_the_pools_device_and_refuses_a_mix(qwen_dir)
 def test_a_bad_device_index_fails_the_start_even_on_the_cpu_path(qwen_dir, tmp_path) -> None:
     log = tmp_path / "termination-log"
     done = subprocess.run(
-        [*_command(), "serve", "--model", str(qwen_dir), "--port", str(_free_port()), "--termination-log", str(log)],
+        [*runtime_command(), "serve", "--model", str(qwen_dir), "--port", str(free_port()), "--termination-log", str(log)],
         env={**os.environ, "MMPREP_DEVICE": "cpu", cuda.ENV_DEVICE_INDEX: "gpu0"},
         capture_output=True,
         text=True,

@@ -9,19 +9,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import dataclasses
 import io
 import json
 import struct
 import threading
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from conftest import guard_original_processor
+from conftest import Served
 
 from mmprep_runtime import cli, http_api, loading, testing_models
 from mmprep_runtime import engine as engine_module
@@ -40,16 +38,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-@dataclasses.dataclass
-class Running:
-    url: str
-    app: web.Application
-    client: aiohttp.ClientSession
-
-    @property
-    def state(self) -> http_api.ServerState:
-        return self.app[http_api.STATE]
-
+class Running(Served):
     async def post(self, payload: Any = None, *, data: bytes | None = None, headers=None, query: str = ""):
         if data is None:
             data = json.dumps(payload).encode()
@@ -71,10 +60,7 @@ def _serve_args(folder) -> argparse.Namespace:
 
 
 @pytest.fixture
-async def start_server() -> AsyncIterator[Starter]:
-    runners: list[web.AppRunner] = []
-    clients: list[aiohttp.ClientSession] = []
-
+def start_server(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Starter:
     async def start(
         folder,
         *,
@@ -99,25 +85,10 @@ async def start_server() -> AsyncIterator[Starter]:
             load=load,
             operator_decision=decided.operator_decision if decided is not None else None,
         )
-        app = http_api.create_app(settings)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
-        clients.append(client)
-        await asyncio.wait_for(app[http_api.STATE].settled.wait(), TIMEOUT)
-        if app[http_api.STATE].engine is not None:
-            guard_original_processor(app[http_api.STATE].engine)
-        return Running(f"http://{host}:{port}", app, client)
+        served = await serve(settings)
+        return Running(served.url, served.app, served.client)
 
-    yield start
-    for client in clients:
-        await client.close()
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 async def test_qwen_end_to_end_json_and_safetensors(start_server, qwen_dir):

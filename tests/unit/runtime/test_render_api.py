@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import struct
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
-from conftest import guard_original_processor
+from conftest import Served
 
 from mmprep_runtime import http_api, loading, testing_media
 from mmprep_runtime.settings import FetchSettings, Limits, RenderSettings, ServeSettings, parse_networks
@@ -53,12 +51,7 @@ def _huge_png(width: int = 40000, height: int = 40000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
 
 
-@dataclasses.dataclass
-class Running:
-    url: str
-    app: web.Application
-    client: aiohttp.ClientSession
-
+class Running(Served):
     async def render(self, body: Any, path: str = "/v1/chat/completions/render") -> tuple[int, Any]:
         async with self.client.post(self.url + path, json=body) as response:
             return response.status, await response.json(content_type=None)
@@ -97,10 +90,7 @@ async def images() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def start_render() -> AsyncIterator[Any]:
-    runners: list[web.AppRunner] = []
-    clients: list[aiohttp.ClientSession] = []
-
+def start_render(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Callable[..., Awaitable[Running]]:
     async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False, limits: Limits = Limits()) -> Running:
         fetch = FetchSettings(allowed_networks=parse_networks(allowed), max_bytes=200_000, read_timeout_s=1.0)
         settings = ServeSettings(
@@ -112,25 +102,10 @@ async def start_render() -> AsyncIterator[Any]:
             limits=limits,
             render=RenderSettings(normalized_pixels=normalized, fetch=fetch),
         )
-        app = http_api.create_app(settings)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
-        clients.append(client)
-        await asyncio.wait_for(app[http_api.STATE].settled.wait(), TIMEOUT)
-        if app[http_api.STATE].engine is not None:
-            guard_original_processor(app[http_api.STATE].engine)
-        return Running(f"http://{host}:{port}", app, client)
+        served = await serve(settings)
+        return Running(served.url, served.app, served.client)
 
-    yield start
-    for client in clients:
-        await client.close()
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 def _decode_item(text: str) -> dict[str, Any]:

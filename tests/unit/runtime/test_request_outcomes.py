@@ -9,11 +9,9 @@ import json
 import threading
 import time
 
-import aiohttp
 import pytest
-from aiohttp import web
 
-from mmprep_runtime import errors, http_api, loading, testing_models
+from mmprep_runtime import errors, loading, testing_models
 from mmprep_runtime.settings import Load, ServeSettings
 from mmprep_runtime.sizing import Device
 from mmprep_runtime.testing_media import jpeg
@@ -46,7 +44,7 @@ def sample(metrics: str, name: str, outcome: str) -> float:
     return float(line[len(prefix) :])
 
 
-async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_dir) -> None:
+async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_dir, serve) -> None:
     settings = ServeSettings(
         model=loading.ModelSettings(str(qwen_dir), device=Device.CPU),
         host="127.0.0.1",
@@ -55,42 +53,34 @@ async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_d
         io_workers=1,
         load=Load(queue_size=0),
     )
-    app = http_api.create_app(settings)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    state = app[http_api.STATE]
-    await asyncio.wait_for(state.settled.wait(), TIMEOUT)
-    url = f"http://{host}:{port}"
+    served = await serve(settings)
+    state, url = served.state, served.url
     good = json.dumps({"text": f"a {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(56, 56)).decode()]})
     release = threading.Event()
+    client = served.client
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
 
-            async def post(body: str) -> int:
-                async with client.post(f"{url}/v1/preprocess", data=body, headers={"Content-Type": "application/json"}) as r:
-                    await r.read()
-                    return r.status
+        async def post(body: str) -> int:
+            async with client.post(f"{url}/v1/preprocess", data=body, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                return r.status
 
-            blocker = state.engine.pool.submit(lambda processor: release.wait(TIMEOUT))
-            first = asyncio.create_task(post(good))
-            deadline = time.monotonic() + TIMEOUT
-            while state.admission.in_flight != 1:
-                assert time.monotonic() < deadline, "the first request never took its slot"
-                await asyncio.sleep(0.01)
-            assert await post(good) == 429
-            release.set()
-            blocker.result(TIMEOUT)
-            assert await first == 200
-            assert await post("{not json") == 400
-            assert await post(good) == 200
-            async with client.get(f"{url}/metrics") as response:
-                metrics = await response.text()
+        blocker = state.engine.pool.submit(lambda processor: release.wait(TIMEOUT))
+        first = asyncio.create_task(post(good))
+        deadline = time.monotonic() + TIMEOUT
+        while state.admission.in_flight != 1:
+            assert time.monotonic() < deadline, "the first request never took its slot"
+            await asyncio.sleep(0.01)
+        assert await post(good) == 429
+        release.set()
+        blocker.result(TIMEOUT)
+        assert await first == 200
+        assert await post("{not json") == 400
+        assert await post(good) == 200
+        async with client.get(f"{url}/metrics") as response:
+            metrics = await response.text()
     finally:
         release.set()
-        await runner.cleanup()
     count = "mmprep_request_seconds_count"
     assert [sample(metrics, count, o) for o in errors.OUTCOME_CLASSES] == [2.0, 1.0, 1.0, 0.0]
     # The served latency includes the wait behind the blocker; the refusal was immediate.

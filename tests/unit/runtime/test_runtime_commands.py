@@ -6,42 +6,20 @@ import base64
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from conftest import free_port, runtime_command
 
 from mmprep_runtime import bench, cli, loading, probe, testing_media, testing_models
+from mmprep_runtime.contract import ProbeAnswer
 
 TIMEOUT = 120
-PROBE_KEYS = {
-    "cloneable",
-    "error",
-    "processor_class",
-    "image_processor_class",
-    "fast_image_processor",
-    "declared_workers",
-    "clone_seconds",
-    "path_if_gpu",
-    "versions",
-}
-
-
-def _command() -> list[str]:
-    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+PROBE_KEYS = set(ProbeAnswer.model_fields)  # every field of the contract, so the answer is complete
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -84,11 +62,11 @@ def _in_flight(base: str) -> float:
 
 @pytest.mark.slow
 def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_IO_WORKERS": "2"}
     process = subprocess.Popen(
-        [*_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
+        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -129,7 +107,7 @@ def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
 
 def test_serve_with_a_bad_env_value_exits_with_a_clear_message(qwen_dir):
     result = subprocess.run(
-        [*_command(), "serve", "--model", str(qwen_dir), "--port", "0"],
+        [*runtime_command(), "serve", "--model", str(qwen_dir), "--port", "0"],
         env={**os.environ, "MMPREP_DEVICE": "tpu"},
         capture_output=True,
         text=True,
@@ -172,7 +150,7 @@ def test_probe_of_an_uncloneable_processor_answers_with_exit_zero(uncloneable_di
 def test_probe_of_a_model_that_cannot_load_exits_non_zero_with_the_error(uncloneable_dir, tmp_path):
     log = tmp_path / "log"
     result = subprocess.run(
-        [*_command(), "probe", "--model", str(uncloneable_dir), "--termination-log", str(log)],
+        [*runtime_command(), "probe", "--model", str(uncloneable_dir), "--termination-log", str(log)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -277,7 +255,7 @@ def test_bench_refuses_bad_arguments(argv, message, capsys):
 
 def test_serve_exits_non_zero_when_the_processor_cannot_load(uncloneable_dir):
     result = subprocess.run(
-        [*_command(), "serve", "--model", str(uncloneable_dir), "--host", "127.0.0.1", "--port", str(_free_port())],
+        [*runtime_command(), "serve", "--model", str(uncloneable_dir), "--host", "127.0.0.1", "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
