@@ -147,9 +147,6 @@ def render_job(
 ) -> dict[str, Any]:
     """The calibration Job: the runtime pod's container and placement, pinned to ``node``."""
     labels = {
-        render.LABEL_NAME: "mmprep-runtime",
-        render.LABEL_COMPONENT: LABEL_COMPONENT_CALIBRATION,
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
         LABEL_CALIBRATION_HASH: hash_,
         LABEL_POOL: pool.name,
     }
@@ -164,6 +161,7 @@ def render_job(
         spec,
         policy,
         name=job_name(hash_),
+        component=LABEL_COMPONENT_CALIBRATION,
         labels=labels,
         container_name="calibrate",
         command=command(spec, policy),

@@ -23,6 +23,7 @@ def render_answering_job(
     policy: OperatorPolicy,
     *,
     name: str,
+    component: str,
     labels: Mapping[str, str],
     container_name: str,
     command: list[str],
@@ -35,7 +36,14 @@ def render_answering_job(
     """A one-container Job in the runtime image that answers in its termination message.
 
     Owned (not controlled) by ``owner``: resources that share the Job add themselves as owners.
+    ``labels`` are added to the runtime's name, ``component`` and the manager's label.
     """
+    labels = {
+        render.LABEL_NAME: "mmprep-runtime",
+        render.LABEL_COMPONENT: component,
+        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        **labels,
+    }
     volumes, mounts = render.model_volumes(spec)
     container: dict[str, Any] = {
         "name": container_name,

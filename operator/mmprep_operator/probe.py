@@ -51,18 +51,13 @@ def job_name(hash_: str) -> str:
 
 def render_job(owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str) -> dict[str, Any]:
     """The probe Job. Owned (not controlled) by the first resource; others add themselves as owners."""
-    labels = {
-        render.LABEL_NAME: "mmprep-runtime",
-        render.LABEL_COMPONENT: LABEL_COMPONENT_PROBE,
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
-        LABEL_PROBE_HASH: hash_,
-    }
     return jobs.render_answering_job(
         owner,
         spec,
         policy,
         name=job_name(hash_),
-        labels=labels,
+        component=LABEL_COMPONENT_PROBE,
+        labels={LABEL_PROBE_HASH: hash_},
         container_name="probe",
         command=["mmprep-runtime", "probe", *render.model_args(spec), "--termination-log", TERMINATION_LOG],
         resources=policy.probe.resources,
