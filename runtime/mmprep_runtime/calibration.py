@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from mmprep_runtime.contract import ContractError, json_object
 from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS, is_worker_count
 
 DEFAULT_TOLERANCE: Final = 0.05
@@ -130,11 +131,9 @@ def _number(value: Any, what: str) -> float | None:
 def parse_report(text: str) -> Report:
     """The report as the runtime wrote it; raises ``CalibrationError`` naming what is wrong."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CalibrationError(f"calibration output is not JSON: {e.msg}") from e
-    if not isinstance(data, Mapping):
-        raise CalibrationError("calibration output is not a JSON object")
+        data = json_object(text, "calibration output")
+    except ContractError as exc:
+        raise CalibrationError(str(exc)) from None
     raw_curve = data.get("curve") or []
     if not isinstance(raw_curve, list):
         raise CalibrationError("calibration curve is not a list")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -109,6 +109,19 @@ def parse_worker_count(name: str, text: str) -> int:
 
 # ---------------------------------------------------------------------------------- probe answer
 
+
+def json_object(message: str, what: str) -> dict[str, Any]:
+    """A termination message that must hold one JSON object (the probe's and the calibration's
+    answers). Raises ContractError naming ``what``."""
+    try:
+        data = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{what} is not JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ContractError(f"{what} is not a JSON object")
+    return data
+
+
 #: Kubernetes truncates a termination message at 4096 bytes; the answer must fit whole.
 PROBE_ANSWER_MAX_BYTES: Final = 4096
 
@@ -152,12 +165,7 @@ class ProbeAnswer(BaseModel):
     @classmethod
     def from_message(cls, message: str) -> ProbeAnswer:
         """Reads a termination message. Raises ContractError saying what is wrong with it."""
-        try:
-            data = json.loads(message)
-        except json.JSONDecodeError as exc:
-            raise ContractError(f"probe output is not JSON: {exc.msg}") from None
-        if not isinstance(data, dict):
-            raise ContractError("probe output is not a JSON object")
+        data = json_object(message, "probe output")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
