@@ -18,12 +18,13 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
+from typing import Any
 
-from mmprep_operator import api, calibration, jobs, pools, render, status
+from mmprep_operator import api, calibration, pools, render, status
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import KubeApi
 from mmprep_operator.plan import Plan
-from mmprep_operator.shared_jobs import created_by, remember, share_job
+from mmprep_operator.shared_jobs import read_or_create_job, remember
 
 log = logging.getLogger("mmprep.operator.calibration_jobs")
 
@@ -75,7 +76,8 @@ class CalibrationJobs:
     def _known(self, owner: render.Owner, hash_: str, previous: api.PoolCalibration | None) -> api.PoolCalibration | None:
         key = (owner.namespace, hash_)
         if previous is not None and previous.hash == hash_ and calibration.settled(previous.state):
-            self.cache.setdefault(key, previous)
+            if key not in self.cache:  # what was read from a Job (the newer) wins
+                remember(self.cache, key, previous)
             return previous
         return self.cache.get(key)
 
@@ -83,17 +85,16 @@ class CalibrationJobs:
         self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, pool: pools.Pool, hash_: str
     ) -> api.PoolCalibration:
         name = calibration.job_name(hash_)
-        job = await self.kube.get_job(owner.namespace, name)
-        if job is None:
+
+        def render_job() -> dict[str, Any]:
             node = calibration.node_for(pool)
             assert node is not None  # unavailable_reason() rules out a pool without nodes
-            job = await self.kube.create_job(calibration.render_job(owner, spec, self.policy, pool, node, hash_))
-            if created_by(job, owner):
-                log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
-        else:
-            await share_job(self.kube, owner, job)
+            return calibration.render_job(owner, spec, self.policy, pool, node, hash_)
+
+        job, created, pods = await read_or_create_job(self.kube, owner, name, render_job)
+        if created:
+            log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
         selector = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
-        pods = await self.kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
         outcome = calibration.read_outcome(job, pods)
         result = calibration.pool_calibration(
             hash_, outcome, job=name, node=selector.get(calibration.HOSTNAME_LABEL), measured_at=status.timestamp(self.clock())

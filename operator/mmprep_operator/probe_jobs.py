@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from mmprep_operator import api, jobs, probe, render
+from mmprep_operator import api, probe, render
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.kube import KubeApi
 from mmprep_operator.metrics import Metrics
-from mmprep_operator.shared_jobs import created_by, remember, share_job
+from mmprep_operator.shared_jobs import read_or_create_job, remember
 
 log = logging.getLogger("mmprep.operator.probe_jobs")
 
@@ -55,18 +55,12 @@ class ProbeJobs:
     async def read(self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str) -> api.ProbeStatus:
         """The probe's state from its Job, which is created (or shared) here."""
         job_name = probe.job_name(hash_)
-        job = await self.kube.get_job(owner.namespace, job_name)
-        if job is None:
-            job = await self.kube.create_job(probe.render_job(owner, spec, self.policy, hash_))
-            if created_by(job, owner):
-                self.metrics.probe_jobs.inc()
-                log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
-            else:
-                await share_job(self.kube, owner, job)
-        else:
-            # Created by another resource with the same probe hash: share it (a no-op if we own it).
-            await share_job(self.kube, owner, job)
-        pods = await self.kube.list_pods(owner.namespace, f"job-name={job_name}") if jobs.finished(job) else []
+        job, created, pods = await read_or_create_job(
+            self.kube, owner, job_name, lambda: probe.render_job(owner, spec, self.policy, hash_)
+        )
+        if created:
+            self.metrics.probe_jobs.inc()
+            log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
         outcome = probe.read_outcome(job, pods)
         if outcome.state == "Succeeded" and outcome.result is not None:
             self.remember((owner.namespace, hash_), outcome.result)

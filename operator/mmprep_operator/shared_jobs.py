@@ -7,17 +7,17 @@ Their answers are kept per (namespace, hash) in a cache bounded like a small LRU
 (``remember``): an answer is also kept in each resource's status and in the Job, so a lost
 entry costs one read, never a wrong answer.
 
-Neighbours: ``probe_jobs`` and ``calibration_jobs`` read their Jobs through these; ``kube`` is
+Neighbours: ``probe_jobs`` and ``calibration_jobs`` read their Jobs through ``read_or_create_job``; ``kube`` is
 the API seam they call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
-from mmprep_operator import render
+from mmprep_operator import jobs, render
 from mmprep_operator.kube import Conflict, KubeApi
 
 log = logging.getLogger("mmprep.operator.shared_jobs")
@@ -59,3 +59,23 @@ async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) 
         # Someone else changed the Job meanwhile; the next reconcile adds us. Sharing is only
         # about garbage collection, so it is not worth failing this reconcile for.
         log.info("job changed while sharing it; will retry", extra={"job": meta.get("name")})
+
+
+async def read_or_create_job(
+    kube: KubeApi, owner: render.Owner, name: str, render_job: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
+    """The Job ``name`` (created from ``render_job()`` when missing), whether this resource created
+    it, and its pods once it finished (their termination messages hold the answer).
+
+    A Job that exists, or that another resource created first (``create_job`` answers with it),
+    gets this resource as one more owner.
+    """
+    job = await kube.get_job(owner.namespace, name)
+    created = False
+    if job is None:
+        job = await kube.create_job(render_job())
+        created = created_by(job, owner)
+    if not created:
+        await share_job(kube, owner, job)  # a no-op when the resource is an owner already
+    pods = await kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
+    return job, created, pods
