@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from mmprep_runtime import cpus, cuda, decoding, engine, loading, pipeline, testing_media, versions
+from mmprep_runtime import cpus, cuda, decoding, engine, exits, loading, pipeline, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
-EXIT_USAGE: Final = 2
-EXIT_LOAD_FAILED: Final = 1
+EXIT_USAGE: Final = exits.EXIT_USAGE
+EXIT_LOAD_FAILED: Final = exits.EXIT_LOAD_FAILED
 _PROGRESS_INTERVAL: Final = 0.5
 
 

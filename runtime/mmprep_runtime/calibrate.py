@@ -22,11 +22,12 @@ import pathlib
 import sys
 from typing import Any, Final
 
-from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, loading, pipeline, testing_media
+from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, exits, loading, pipeline, testing_media
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
-EXIT_USAGE: Final = 2
-EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = exits.EXIT_USAGE
+#: The model did not load, or no worker count could be measured.
+EXIT_FAILED: Final = exits.EXIT_LOAD_FAILED
 SAMPLE_SUFFIXES: Final = (".jpg", ".jpeg", ".png", ".webp")
 MAX_SAMPLES: Final = 64
 

@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from mmprep_runtime.contract import ContractError, json_object
+from mmprep_runtime.exits import TERMINATION_MESSAGE_MAX_BYTES
 from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS, is_worker_count
 
 DEFAULT_TOLERANCE: Final = 0.05
-#: Kubernetes keeps at most 4096 bytes of a termination message.
-MAX_REPORT_BYTES: Final = 4096
+MAX_REPORT_BYTES: Final = TERMINATION_MESSAGE_MAX_BYTES
 
 
 class CalibrationError(ValueError):

@@ -11,9 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mmprep_runtime import contract, sizing
+from mmprep_runtime import contract, exits, sizing
 
-EXIT_USAGE = 2
+EXIT_USAGE = exits.EXIT_USAGE
 
 
 def _worker_count(text: str) -> int:

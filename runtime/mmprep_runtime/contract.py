@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mmprep_runtime.exits import TERMINATION_MESSAGE_MAX_BYTES
 from mmprep_runtime.sizing import Path, Reason, WorkerCountError, check_worker_count
 
 # ------------------------------------------------------------------------------------ environment
@@ -122,8 +123,7 @@ def json_object(message: str, what: str) -> dict[str, Any]:
     return data
 
 
-#: Kubernetes truncates a termination message at 4096 bytes; the answer must fit whole.
-PROBE_ANSWER_MAX_BYTES: Final = 4096
+PROBE_ANSWER_MAX_BYTES: Final = TERMINATION_MESSAGE_MAX_BYTES
 
 
 class ProbeAnswer(BaseModel):

@@ -103,8 +103,3 @@ def declaration_of(model_dir: pathlib.Path | str | None, processor_class: str) -
     if workers is None:
         workers = BUILTIN_DECLARED_WORKERS.get(processor_class)
     return dataclasses.replace(sidecar, processor_workers=workers)
-
-
-def declared_workers(model_dir: pathlib.Path | str | None, processor_class: str) -> int | None:
-    """The sidecar's number when there is one, else the built-in table's, else None."""
-    return declaration_of(model_dir, processor_class).processor_workers

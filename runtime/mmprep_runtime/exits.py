@@ -11,3 +11,7 @@ EXIT_LOAD_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 #: The CUDA device cannot be used: missing, failing, or a bad device setting.
 EXIT_DEVICE_FAILED: Final = 3
+
+#: Kubernetes keeps at most this much of a termination message (the exit reason, the probe's and
+#: the calibration's answers): whatever is written there must fit whole.
+TERMINATION_MESSAGE_MAX_BYTES: Final = 4096

@@ -135,12 +135,9 @@ def _image_backend(image_processor: Any) -> str | None:
 def facts_of(
     processor: Any,
     model: str,
-    declaration: declared.Declaration | int | None,
+    declaration: declared.Declaration,
     fast_paths: tuple[str, ...] = (),
 ) -> ProcessorFacts:
-    """``declaration``: the model's ``declared.Declaration`` (a bare count means only that)."""
-    if not isinstance(declaration, declared.Declaration):
-        declaration = declared.Declaration(processor_workers=declaration)
     image_processor = getattr(processor, "image_processor", None)
     feature_extractor = getattr(processor, "feature_extractor", None)
     backend = _image_backend(image_processor)

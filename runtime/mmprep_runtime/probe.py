@@ -15,13 +15,13 @@ import pathlib
 import sys
 from typing import Final
 
-from mmprep_runtime import executor, loading, versions
+from mmprep_runtime import executor, exits, loading, versions
 from mmprep_runtime.contract import ProbeAnswer
 from mmprep_runtime.settings import SettingsError, model_settings_from_args
 
 _MAX_ERROR_CHARS: Final = 1500
-EXIT_LOAD_FAILED: Final = 1
-EXIT_USAGE: Final = 2
+EXIT_LOAD_FAILED: Final = exits.EXIT_LOAD_FAILED
+EXIT_USAGE: Final = exits.EXIT_USAGE
 
 
 def _short(text: str | None) -> str | None:

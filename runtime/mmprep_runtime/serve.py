@@ -29,8 +29,6 @@ logger = logging.getLogger("mmprep_runtime.serve")
 EXIT_LOAD_FAILED = exits.EXIT_LOAD_FAILED
 EXIT_USAGE = exits.EXIT_USAGE
 EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
-#: The kubelet keeps at most 4 KiB of a termination message.
-_TERMINATION_LIMIT = 4096
 
 
 async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None) -> int:
@@ -87,7 +85,7 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None,
 
 
 def write_termination_message(path: str, message: str) -> None:
-    data = message.encode(errors="replace")[:_TERMINATION_LIMIT]
+    data = message.encode(errors="replace")[: exits.TERMINATION_MESSAGE_MAX_BYTES]
     try:
         with open(path, "wb") as out:
             out.write(data)

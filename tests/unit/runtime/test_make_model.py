@@ -63,7 +63,7 @@ def test_qwen_processor_expands_the_image_placeholder(qwen_dir):
 def test_declared_workers_land_in_the_sidecar(tmp_path):
     out = testing_models.make_model("llava", tmp_path / "m", declared_workers=5)
     assert json.loads((out / declared.SIDECAR_NAME).read_text()) == {declared.SIDECAR_KEY: 5}
-    assert declared.declared_workers(out, "LlavaProcessor") == 5
+    assert declared.declaration_of(out, "LlavaProcessor").processor_workers == 5
 
 
 def test_cli_builds_a_folder_and_prints_its_path(tmp_path, capsys):
