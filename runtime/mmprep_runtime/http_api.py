@@ -328,7 +328,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
-def _install_engine(state: ServerState, engine: engine_module.Engine) -> None:
+def _install_engine(state: ServerState, engine: engine_module.Engine, render_model: vllm_render.ModelFacts) -> None:
     queue = state.settings.load.queue_size
     if queue is None:
         queue = 4 * engine.decision.processor_workers
@@ -342,16 +342,18 @@ def _install_engine(state: ServerState, engine: engine_module.Engine) -> None:
         busy_seconds=lambda: engine.pool.busy_seconds,
     )
     state.metrics.describe_engine(engine.info())
-    state.render_model = vllm_render.model_facts(engine.processor, engine.facts, state.settings.render)
+    state.render_model = render_model
     state.engine = engine
     state.metrics.ready.set(1)
 
 
 async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
     settings = state.settings
-    try:
-        engine = await asyncio.to_thread(
-            factory,
+
+    def start() -> tuple[engine_module.Engine, vllm_render.ModelFacts]:
+        # Off the event loop, like the load: the render API's model facts read the model's config
+        # (a file, or the hub for a model id).
+        engine = factory(
             settings.model,
             processor_workers=settings.processor_workers,
             io_workers=settings.io_workers,
@@ -359,11 +361,19 @@ async def _start_engine(state: ServerState, factory: EngineFactory) -> None:
             observer=state.metrics,
             operator_decision=settings.operator_decision,
         )
+        try:
+            return engine, vllm_render.model_facts(engine.processor, engine.facts, settings.render)
+        except BaseException:
+            engine.close()
+            raise
+
+    try:
+        engine, render_model = await asyncio.to_thread(start)
     except Exception as exc:  # noqa: BLE001 - reported by /healthz and by serve's exit status
         logger.error("the processor could not be started: %s", exc)
         state.startup_error = exc
     else:
-        _install_engine(state, engine)
+        _install_engine(state, engine, render_model)
     finally:
         state.settled.set()
 
