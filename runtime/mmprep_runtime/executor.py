@@ -221,7 +221,9 @@ class ProcessorPool(Generic[P]):
             if len(self._retired) == len(self._threads):
                 raise NoWorkersLeft(self._no_workers_message())
             self._waiting += 1
-        self._jobs.put(_Job(function, args, future, time.perf_counter()))
+            # Queued under the lock: the last worker to retire drains the queue after it took the
+            # lock, so a job is either drained (and failed) or refused here, never left queued.
+            self._jobs.put(_Job(function, args, future, time.perf_counter()))
         return future
 
     def shutdown(self, *, wait: bool = True, timeout: float | None = None) -> None:
@@ -279,13 +281,15 @@ class ProcessorPool(Generic[P]):
         # The last one: nobody will ever take the queued jobs, so fail them all now.
         failure = NoWorkersLeft(self._no_workers_message())
         pending = [job]
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, _Job):
-                pending.append(item)
+        with self._state_lock:
+            while True:
+                try:
+                    item = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Job):
+                    pending.append(item)
+                    self._waiting -= 1
         for item in pending:
             if item.future.set_running_or_notify_cancel():
                 item.future.set_exception(failure)

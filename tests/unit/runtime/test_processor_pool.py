@@ -323,6 +323,7 @@ def test_jobs_fail_clearly_when_no_worker_is_left():
             with pytest.raises(executor.NoWorkersLeft, match="cloning the processor failed in all 2"):
                 future.result(TIMEOUT)
         assert pool.live_workers == 0
+        assert pool.waiting == 0  # the failed jobs left the queue-depth gauge too
         with pytest.raises(executor.NoWorkersLeft):
             pool.submit(lambda p: p(1))
         with pytest.raises(executor.NoWorkersLeft):
