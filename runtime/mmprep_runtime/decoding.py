@@ -73,6 +73,15 @@ def b64decode(item: str, what: str) -> bytes:
 
 def decode_image(data: bytes, what: str, *, max_pixels: int, layout: ImageLayout = ImageLayout.PIL) -> Any:
     """A checked RGB image in ``layout`` (see ``ImageLayout``)."""
+    return decode_opened(open_image(data, what, max_pixels=max_pixels), data, what, layout)
+
+
+def open_image(data: bytes, what: str, *, max_pixels: int) -> Image.Image:
+    """The image's header, read and checked (a known format, within ``max_pixels``); no pixel is decoded yet.
+
+    Split from the decoding so that a caller which must look at the header first (vLLM's
+    orientation and transparency rules) opens the file once.
+    """
     try:
         image = Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -86,18 +95,37 @@ def decode_image(data: bytes, what: str, *, max_pixels: int, layout: ImageLayout
     width, height = image.size
     if width * height > max_pixels:
         raise errors.MediaTooLarge(f"{what} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    return image
+
+
+def decode_opened(image: Image.Image, data: bytes, what: str, layout: ImageLayout) -> Any:
+    """The RGB pixels of an image ``open_image`` checked (``data`` is its file), in ``layout``."""
+    width, height = image.size
     if image.format == "JPEG" and (
         layout is ImageLayout.TENSOR or (layout is ImageLayout.ARRAY and min(width, height) >= _MIN_ARRAY_SIDE)
     ):
         chw = _decode_jpeg_tensor(data, what)
         # The HWC copy is a torch op: it releases the GIL too.
         return chw if layout is ImageLayout.TENSOR else chw.permute(1, 2, 0).contiguous().numpy()
+    load_pixels(image, what)
+    return in_layout(image if image.mode == "RGB" else image.convert("RGB"), layout)
+
+
+def load_pixels(image: Image.Image, what: str) -> None:
+    """Decode an opened image's pixels; a truncated or corrupt file is the request's error."""
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         # Truncated files end here ("image file is truncated").
         raise errors.BadMedia(f"{what} could not be decoded: {exc}") from None
-    rgb: Image.Image = image if image.mode == "RGB" else image.convert("RGB")
+
+
+def in_layout(rgb: Image.Image, layout: ImageLayout) -> Any:
+    """A decoded RGB PIL image in ``layout``.
+
+    An ``ARRAY`` processor gets the PIL image: it makes the same array itself, and an array made
+    here would cost the same GIL-held copy.
+    """
     if layout is ImageLayout.TENSOR:
         import torch
 

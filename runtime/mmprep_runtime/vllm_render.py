@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 import json
 import pathlib
 import uuid
@@ -110,44 +109,26 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     onto white; a conversion joins the hash. A plain RGB JPEG, the common case, takes mmprep's
     GIL-free decoder (identical pixels).
     """
-    from PIL import Image, ImageOps
+    from PIL import ImageOps
 
-    image: Image.Image  # an ImageFile as opened; a plain Image once transposed
-    try:
-        image = Image.open(io.BytesIO(data))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise errors.MediaTooLarge(f"{what} is too large: {exc}") from None
-    except Exception:  # noqa: BLE001 - UnidentifiedImageError and friends: not an image
-        raise errors.BadMedia(f"{what} is not an image (no known image format)") from None
-    if image.format not in decoding.ALLOWED_IMAGE_FORMATS:
-        raise errors.BadMedia(f"{what} has unsupported image format {image.format}")
-    width, height = image.size
-    if width * height > limits.max_image_pixels:
-        raise errors.MediaTooLarge(
-            f"{what} is {width}x{height} = {width * height} pixels, over the limit of {limits.max_image_pixels}"
-        )
+    image = decoding.open_image(data, what, max_pixels=limits.max_image_pixels)
     plain = image.mode == "RGB" and "transparency" not in image.info
     try:
         oriented = plain and image.getexif().get(0x0112, 1) in (0, 1)
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM ignores it too
         oriented = plain
-    if oriented and image.format == "JPEG":
-        return decoding.decode_image(data, what, max_pixels=limits.max_image_pixels, layout=layout), vllm_format.EncodedImage(
-            data
-        )
+    if oriented:
+        return decoding.decode_opened(image, data, what, layout), vllm_format.EncodedImage(data)
     try:
-        try:
-            image = ImageOps.exif_transpose(image)
-        except Exception:  # noqa: BLE001 - as vLLM: a broken EXIF block leaves the image as it is
-            pass
-        image.load()
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise errors.BadMedia(f"{what} could not be decoded: {exc}") from None
+        image = ImageOps.exif_transpose(image)
+    except Exception:  # noqa: BLE001 - as vLLM: a broken EXIF block leaves the image as it is
+        pass
+    decoding.load_pixels(image, what)
     converted = _to_rgb(image)
     io_config = None
     if converted is not image:
         io_config = {"image_mode": "RGB", "rgba_background_color": _RGBA_BACKGROUND}
-    return _in_layout(converted, layout), vllm_format.EncodedImage(data, io_config)
+    return decoding.in_layout(converted, layout), vllm_format.EncodedImage(data, io_config)
 
 
 def _to_rgb(image: Any) -> Any:
@@ -159,21 +140,6 @@ def _to_rgb(image: Any) -> Any:
         flat.paste(rgba, mask=rgba.split()[3])
         return flat
     return image if image.mode == "RGB" else image.convert("RGB")
-
-
-def _in_layout(image: Any, layout: decoding.ImageLayout) -> Any:
-    import numpy as np
-
-    if layout is decoding.ImageLayout.PIL:
-        return image
-    array = np.asarray(image)
-    if layout is decoding.ImageLayout.ARRAY and min(array.shape[:2]) >= 5:
-        return array
-    if layout is decoding.ImageLayout.TENSOR:
-        import torch
-
-        return torch.from_numpy(np.array(array)).permute(2, 0, 1)
-    return image
 
 
 # ---- processing ---------------------------------------------------------------------------------
