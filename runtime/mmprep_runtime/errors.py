@@ -7,6 +7,9 @@ the problem. The HTTP layer renders all of them the same way; nothing else picks
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import ClassVar
 
 
@@ -92,6 +95,24 @@ class InternalError(RequestError):
     code = "internal_error"
 
 
+@contextlib.contextmanager
+def processor_call() -> Iterator[None]:
+    """Turns what a processor call raises into the request's error; the worker lives on.
+
+    Processors signal bad input with ValueError, TypeError, KeyError or IndexError, and their
+    message names the problem (422). Anything else is a bug or a broken model (500). A request
+    error raised inside the call (a check between processor steps) keeps its own answer.
+    """
+    try:
+        yield
+    except RequestError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise Unprocessable(f"the processor rejected the input: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
+        raise ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
+
+
 # --------------------------------------------------------------------- outcome classes
 #: The request histogram's ``outcome`` label. Served answers are kept apart from refusals, so a
 #: flood of fast 429s cannot hide the latency of the requests that were served.
@@ -101,6 +122,7 @@ OUTCOME_CLASSES = (OK, REJECTED, CLIENT_ERROR, SERVER_ERROR)
 CLIENT_GONE = "client_gone"
 
 
+@functools.cache  # every error class is defined at import; the walk is done once, not per answer
 def _status_by_code() -> dict[str, int]:
     out: dict[str, int] = {}
     todo: list[type[RequestError]] = [RequestError]

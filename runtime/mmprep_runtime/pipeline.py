@@ -148,7 +148,7 @@ def process(
 
     ``processor_kwargs``: e.g. ``vllm_format.DEVICE_NORMALIZE_KWARGS`` for uint8 pixels."""
     kwargs: dict[str, Any] = {"return_tensors": "pt", **(processor_kwargs or {})}
-    try:
+    with errors.processor_call():
         if facts.takes_images or facts.takes_audio:
             if request.images:
                 kwargs["images"] = list(request.images)
@@ -158,11 +158,6 @@ def process(
             outputs = processor(text=request.text, **kwargs)
         else:
             outputs = processor(request.text, **kwargs)
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        # Processors signal bad input with these; the message is theirs and names the problem.
-        raise errors.Unprocessable(f"the processor rejected the input: {type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
-        raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
     # On the GPU path the image tensors come back on the device; the answer leaves the process,
     # so it is moved here, on the worker, not on the event loop. A no-op for CPU tensors.
     return {name: value.cpu() for name, value in dict(outputs).items() if hasattr(value, "cpu")}

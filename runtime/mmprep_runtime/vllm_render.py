@@ -212,7 +212,7 @@ def render(
     if len(text) > limits.max_text_chars:
         raise errors.BadRequest(f"the prompt has {len(text)} characters, more than the limit of {limits.max_text_chars}")
     kwargs: dict[str, Any] = {"return_tensors": "pt", "add_special_tokens": False, **model.processor_kwargs}
-    try:
+    with errors.processor_call():
         if images and model.expands_by_grid:
             outputs = _process_tokenizing_once(processor, text, images, model)
         elif images:
@@ -220,10 +220,6 @@ def render(
         else:
             tokenizer = getattr(processor, "tokenizer", processor)
             outputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise errors.Unprocessable(f"the processor rejected the input: {type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - fails this request, never the worker
-        raise errors.ProcessorFailed(f"the processor failed: {type(exc).__name__}: {exc}") from None
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
     # A model without an image token renders no placeholder: the check below then refuses the images.
     placeholders = (

@@ -38,6 +38,25 @@ def test_each_answer_code_falls_in_one_outcome_class(code: str, outcome: str) ->
     assert outcome in errors.OUTCOME_CLASSES
 
 
+@pytest.mark.parametrize(
+    ("raised", "answer", "fragment"),
+    [
+        (ValueError("Image features and image tokens do not match"), errors.Unprocessable, "ValueError: Image features"),
+        (KeyError("pixel_values"), errors.Unprocessable, "KeyError"),
+        (RuntimeError("CUDA error: device-side assert"), errors.ProcessorFailed, "RuntimeError: CUDA error"),
+        # A check between two processor steps keeps its own answer, not the processor-bug one.
+        (errors.Unprocessable("2 image placeholder(s) for 1 image(s)"), errors.Unprocessable, "placeholder"),
+        (errors.MediaTooLarge("too many pixels"), errors.MediaTooLarge, "too many pixels"),
+    ],
+)
+def test_what_a_processor_raises_becomes_the_request_s_answer(
+    raised: Exception, answer: type[errors.RequestError], fragment: str
+) -> None:
+    with pytest.raises(errors.RequestError) as caught, errors.processor_call():
+        raise raised
+    assert type(caught.value) is answer and fragment in caught.value.message
+
+
 def sample(metrics: str, name: str, outcome: str) -> float:
     prefix = f'{name}{{outcome="{outcome}"}} '
     line = next(line for line in metrics.splitlines() if line.startswith(prefix))
