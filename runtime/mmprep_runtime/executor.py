@@ -185,6 +185,12 @@ class ProcessorPool(Generic[P]):
         with self._state_lock:
             return len(self._threads) - len(self._retired)
 
+    @property
+    def no_workers_reason(self) -> str | None:
+        """Why no job can be taken (every worker retired), or None while a worker is live."""
+        with self._state_lock:
+            return self._no_workers_message() if len(self._retired) == len(self._threads) else None
+
     # -- use -----------------------------------------------------------------------------------
 
     def warm(self, timeout: float | None = None) -> None:

@@ -152,9 +152,9 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
     arrived = time.perf_counter()
     outcome = "ok"
     try:
-        engine, admission = state.engine, state.admission
-        if engine is None or admission is None or state.draining:
-            raise errors.NotReady("not ready: the processor is loading" if not state.draining else "shutting down")
+        engine, admission, reason = state.engine, state.admission, not_ready_reason(state)
+        if reason is not None or engine is None or admission is None:
+            raise errors.NotReady(f"not ready: {reason}")
         if not admission.try_enter():
             retry = state.settings.load.retry_after_s
             raise errors.Overloaded(
@@ -266,12 +266,21 @@ async def handle_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [card]})
 
 
+def not_ready_reason(state: ServerState) -> str | None:
+    """Why this pod cannot serve now, or None: the one answer behind ``/readyz``, ``/health`` and
+    request admission, so a probe never says ready while requests are refused."""
+    if state.startup_error is not None:
+        return f"start-up failed: {state.startup_error}"
+    if state.draining:
+        return "shutting down"
+    if state.engine is None or state.admission is None:
+        return "the processor is loading"
+    return state.engine.pool.no_workers_reason
+
+
 async def handle_health(request: web.Request) -> web.Response:
-    """vLLM's liveness-and-readiness probe: 200 with an empty body once serving."""
-    state = request.app[STATE]
-    if state.engine is None or state.draining:
-        return web.Response(status=503)
-    return web.Response(status=200)
+    """vLLM's liveness-and-readiness probe: 200 with an empty body while serving."""
+    return web.Response(status=503 if not_ready_reason(request.app[STATE]) else 200)
 
 
 async def handle_healthz(request: web.Request) -> web.Response:
@@ -282,15 +291,8 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 
 async def handle_readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state.engine is None or state.draining:
-        reason = "shutting down" if state.draining else "loading"
-        if state.startup_error is not None:
-            reason = f"failed: {state.startup_error}"
-        return web.json_response({"ready": False, "reason": reason}, status=503)
-    if state.engine.pool.live_workers == 0:
-        retired = state.engine.pool.retired
-        reason = f"no processor worker left: cloning failed in all {len(retired)} ({retired[-1].error})"
+    reason = not_ready_reason(request.app[STATE])
+    if reason is not None:
         return web.json_response({"ready": False, "reason": reason}, status=503)
     return web.json_response({"ready": True})
 

@@ -13,12 +13,11 @@ answer that differs from vLLM's would poison its caches.
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from mmprep_runtime import errors, pipeline
+from mmprep_runtime import decoding, errors, pipeline
 
 ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
 
@@ -156,8 +155,6 @@ def _sampling(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
 
 
 def _data_uri(url: str, what: str) -> bytes:
-    from pybase64 import b64decode
-
     header, comma, data = url.partition(",")
     if not comma or not header.startswith("data:"):
         raise errors.BadRequest(f"{what}: a data URI needs the form data:<media type>;base64,<data>")
@@ -166,10 +163,7 @@ def _data_uri(url: str, what: str) -> bytes:
         raise errors.BadRequest(f"{what}: only base64 data URIs are supported")
     if media_type and not media_type.startswith("image/"):
         raise errors.BadMedia(f"{what}: the data URI's media type is {media_type!r}, not an image")
-    try:
-        return b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise errors.BadMedia(f"{what}: the data URI is not valid base64: {exc}") from None
+    return decoding.b64decode(data, f"{what}'s data URI")
 
 
 def _image_source(part: Mapping[str, Any], what: str) -> ImageSource:

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import orjson
 
-from mmprep_runtime import decoding, errors, fetching, openai_chat, pipeline, vllm_format
+from mmprep_runtime import decoding, errors, fetching, openai_chat, patches, pipeline, vllm_format
 from mmprep_runtime.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits, RenderSettings
 
@@ -159,8 +159,7 @@ def _chat_template(processor: Any) -> str | None:
     if isinstance(template, dict):
         template = template.get("default")
     if not template:
-        tokenizer = getattr(processor, "tokenizer", processor)
-        template = getattr(tokenizer, "chat_template", None)
+        template = getattr(patches.tokenizer_of(processor), "chat_template", None)
     return template if isinstance(template, str) else None
 
 
@@ -172,9 +171,8 @@ def _prompt_text(processor: Any, request: openai_chat.RenderRequest) -> str:
         raise errors.BadRequest(
             "this model has no chat template (no chat_template.jinja in the processor folder); use /v1/completions/render"
         )
-    tokenizer = getattr(processor, "tokenizer", processor)
     try:
-        text = tokenizer.apply_chat_template(
+        text = patches.tokenizer_of(processor).apply_chat_template(
             list(request.conversation or ()),
             chat_template=template,
             tokenize=False,
@@ -218,8 +216,7 @@ def render(
         elif images:
             outputs = processor(text=[text], images=images, **kwargs)
         else:
-            tokenizer = getattr(processor, "tokenizer", processor)
-            outputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+            outputs = patches.tokenizer_of(processor)(text, return_tensors="pt", add_special_tokens=False)
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
     # A model without an image token renders no placeholder: the check below then refuses the images.
     placeholders = (

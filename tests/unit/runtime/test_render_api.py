@@ -179,6 +179,7 @@ def _bad_inputs(images: str) -> list[tuple[str, Any, int, str]]:
             "reserved image placeholder",
         ),
         ("a data URI that is not an image", _chat(_image(_data_uri(b"hello world", "image/png")), TEXT), 400, "not an image"),
+        ("a data URI that is not base64", _chat(_image("data:image/jpeg;base64,%%%"), TEXT), 400, "not valid base64"),
         ("a data URI of another media type", _chat(_image(_data_uri(b"hello", "text/plain")), TEXT), 400, "not an image"),
         ("a 40000x40000 PNG", _chat(_image(_data_uri(_huge_png(), "image/png")), TEXT), 413, "is too large"),
         ("an image URL that 404s", _chat(_image(f"{images}/missing.jpg"), TEXT), 400, "answered HTTP 404"),
