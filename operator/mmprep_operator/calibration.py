@@ -219,7 +219,7 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
                 "(a node that runs no containers, e.g. a simulated one, leaves none)",
             )
         try:
-            report = runtime_calibration.parse_report(messages[0])
+            report = runtime_calibration.Report.from_message(messages[0])
         except runtime_calibration.CalibrationError as e:
             return Outcome("Failed", reason=FAILED, message=f"{e}: {jobs.tail(messages[0])}")
         if report.error is not None or report.chosen is None:
@@ -239,7 +239,7 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
 def _failure_detail(messages: Sequence[str]) -> str:
     for message in messages:
         try:
-            report = runtime_calibration.parse_report(message)
+            report = runtime_calibration.Report.from_message(message)
         except runtime_calibration.CalibrationError:
             continue
         if report.error:

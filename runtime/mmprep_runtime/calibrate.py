@@ -23,6 +23,7 @@ import sys
 from typing import Any, Final
 
 from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, exits, loading, pipeline, testing_media
+from mmprep_runtime.exits import write_termination_message
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = exits.EXIT_USAGE
@@ -133,15 +134,10 @@ def _sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def _write(text: str, termination_log: str | None) -> bool:
+def _answer(report: calibration.Report, termination_log: str | None) -> bool:
+    text = report.to_message()
     print(text)
-    if termination_log:
-        try:
-            pathlib.Path(termination_log).write_text(text)
-        except OSError as exc:
-            print(f"mmprep-runtime calibrate: cannot write {termination_log}: {exc}", file=sys.stderr)
-            return False
-    return True
+    return write_termination_message(termination_log, text)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -149,12 +145,11 @@ def main(args: argparse.Namespace) -> int:
         settings = model_settings_from_args(args, os.environ)
         if args.duration <= 0 or args.rounds < 1:
             raise bench.BenchError("--duration must be positive and --rounds at least 1")
-        if not 0 <= args.tolerance < 1:
-            raise bench.BenchError(f"--tolerance must be in [0, 1), got {args.tolerance}")
+        calibration.check_tolerance(args.tolerance)
         inputs = sample_inputs(pathlib.Path(args.samples)) if args.samples else synthetic_inputs(_sizes(args.image))
-    except (SettingsError, bench.BenchError) as exc:
+    except (SettingsError, bench.BenchError, calibration.CalibrationError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
-        _write(calibration.Report(error=str(exc)).to_json(), args.termination_log)
+        _answer(calibration.Report(error=str(exc)), args.termination_log)
         return EXIT_USAGE
     counts = calibration.worker_counts(min(args.max_workers, cpus.usable_cpus()))
     try:
@@ -169,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         )
     except (loading.ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
-        _write(calibration.Report(error=str(exc)).to_json(), args.termination_log)
+        _answer(calibration.Report(error=str(exc)), args.termination_log)
         return EXIT_FAILED
     for point in report.curve:
         print(
@@ -177,4 +172,4 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"chosen: {report.chosen} (best {report.best}, tolerance {report.tolerance:.0%})", file=sys.stderr)
-    return 0 if _write(report.to_json(), args.termination_log) else EXIT_FAILED
+    return 0 if _answer(report, args.termination_log) else EXIT_FAILED

@@ -3,7 +3,7 @@
 A calibration run (``mmprep-runtime calibrate``, in a Job on one node of a pool) measures
 throughput at processor worker counts 1..N on that node and picks a count with ``choose``. The
 report travels to the operator as the Job's termination message; both halves parse it with
-``parse_report`` here, so its format is defined once.
+``Report.from_message`` here, so its format is defined once.
 
 Import-light like ``sizing``: the operator imports this module and carries no torch.
 
@@ -57,14 +57,19 @@ class Choice:
         )
 
 
+def check_tolerance(tolerance: float) -> None:
+    """A tolerance is a fraction of the best throughput: 0 (only the best) up to, not including, 1."""
+    if not 0 <= tolerance < 1:
+        raise CalibrationError(f"tolerance must be in [0, 1), got {tolerance}")
+
+
 def choose(curve: Sequence[CurvePoint], tolerance: float = DEFAULT_TOLERANCE) -> Choice:
     """The smallest worker count whose throughput is within ``tolerance`` of the best one.
 
     Ties go to fewer workers by construction. Raises ``CalibrationError`` for a curve that
     cannot be judged (empty, repeated counts, no positive throughput).
     """
-    if not 0 <= tolerance < 1:
-        raise CalibrationError(f"tolerance must be in [0, 1), got {tolerance}")
+    check_tolerance(tolerance)
     if not curve:
         raise CalibrationError("the curve has no points")
     counts = [p.workers for p in curve]
@@ -100,7 +105,8 @@ class Report:
     seconds_per_count: float | None = None
     error: str | None = None
 
-    def to_json(self) -> str:
+    def to_message(self) -> str:
+        """The report as the calibration Job's termination message: compact JSON within its bound."""
         data: dict[str, Any] = {
             "curve": [{"workers": p.workers, "reqPerS": p.req_per_s, "p50Ms": p.p50_ms, "p99Ms": p.p99_ms} for p in self.curve],
             "chosen": self.chosen,
@@ -119,6 +125,11 @@ class Report:
             text = json.dumps(data, separators=(",", ":"), sort_keys=True)
         return text
 
+    @classmethod
+    def from_message(cls, text: str) -> Report:
+        """The report as the runtime wrote it; raises ``CalibrationError`` naming what is wrong."""
+        return _parse_message(text)
+
 
 def _number(value: Any, what: str) -> float | None:
     if value is None:
@@ -128,8 +139,7 @@ def _number(value: Any, what: str) -> float | None:
     return float(value)
 
 
-def parse_report(text: str) -> Report:
-    """The report as the runtime wrote it; raises ``CalibrationError`` naming what is wrong."""
+def _parse_message(text: str) -> Report:
     try:
         data = json_object(text, "calibration output")
     except ContractError as exc:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import sys
 from typing import Final
 
 from mmprep_runtime import executor, exits, loading, versions
 from mmprep_runtime.contract import ProbeAnswer
+from mmprep_runtime.exits import write_termination_message
 from mmprep_runtime.settings import SettingsError, model_settings_from_args
 
 _MAX_ERROR_CHARS: Final = 1500
@@ -71,10 +71,6 @@ def main(args: argparse.Namespace) -> int:
         code = EXIT_LOAD_FAILED
     text = answer.to_message()
     print(text)
-    if args.termination_log:
-        try:
-            pathlib.Path(args.termination_log).write_text(text)
-        except OSError as exc:
-            print(f"mmprep-runtime probe: cannot write {args.termination_log}: {exc}", file=sys.stderr)
-            return code or EXIT_LOAD_FAILED
+    if not write_termination_message(args.termination_log, text):
+        return code or EXIT_LOAD_FAILED
     return code

@@ -71,7 +71,7 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None,
     if state.startup_error is not None:
         exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
         if termination_log:
-            write_termination_message(termination_log, str(state.startup_error))
+            exits.write_termination_message(termination_log, str(state.startup_error))
     logger.info(
         "shutting down: refusing new requests, finishing %d in flight", state.admission.in_flight if state.admission else 0
     )
@@ -82,15 +82,6 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None,
     await runner.cleanup()
     logger.info("stopped")
     return exit_code
-
-
-def write_termination_message(path: str, message: str) -> None:
-    data = message.encode(errors="replace")[: exits.TERMINATION_MESSAGE_MAX_BYTES]
-    try:
-        with open(path, "wb") as out:
-            out.write(data)
-    except OSError as exc:
-        logger.warning("could not write the termination message to %s: %s", path, exc)
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, int]) -> int:
@@ -120,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     except (SettingsError, cuda.CudaUnavailable) as exc:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
         if args.termination_log:
-            write_termination_message(args.termination_log, str(exc))
+            exits.write_termination_message(args.termination_log, str(exc))
         return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
     code = run_event_loop(run_server(settings, termination_log=args.termination_log))
     if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):

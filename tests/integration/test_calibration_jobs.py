@@ -14,7 +14,7 @@ from support.kube import AGENT_LABEL, AGENT_NODE, AGENT_TOLERATION, Kube, condit
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
 
-from mmprep_runtime.calibration import parse_report
+from mmprep_runtime.calibration import Report
 
 # A probe and a real calibration run (3 processor loads, 2 measured counts) on a shared two-core
 # machine: about a minute alone, several while other builds share the cores.
@@ -74,7 +74,7 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
     # The report came from the Job's pod, through the kubelet's termination message.
     [pod] = kube.pods(namespace, f"job-name={cal['job']}")
     assert pod.spec.node_name == AGENT_NODE
-    report = parse_report(pod.status.container_statuses[0].state.terminated.message)
+    report = Report.from_message(pod.status.container_statuses[0].state.terminated.message)
     assert report.chosen == cal["chosenWorkers"]
 
     # The KWOK pool: its Job "succeeds" without running anything, so there is no report.

@@ -12,7 +12,6 @@ from mmprep_runtime.calibration import (
     CurvePoint,
     Report,
     choose,
-    parse_report,
     worker_counts,
 )
 from mmprep_runtime.sizing import Path, Reason, decide_workers
@@ -98,15 +97,15 @@ def test_a_measurement_ranks_below_explicit_and_override_and_above_the_path_rule
 
 def test_a_report_survives_the_trip_through_a_termination_message() -> None:
     report = Report(curve=tuple(curve(60.0, 118.5)), chosen=2, best=2, tolerance=0.05, usable_cpus=2, images=("1280x960",))
-    assert parse_report(report.to_json()) == Report(
+    assert Report.from_message(report.to_message()) == Report(
         curve=tuple(curve(60.0, 118.5)), chosen=2, best=2, tolerance=0.05, usable_cpus=2, images=("1280x960",)
     )
 
 
 def test_a_report_with_a_huge_error_still_fits_in_a_termination_message() -> None:
-    text = Report(error="x" * 10_000, images=tuple(f"img{i}.jpg" for i in range(500))).to_json()
+    text = Report(error="x" * 10_000, images=tuple(f"img{i}.jpg" for i in range(500))).to_message()
     assert len(text.encode()) <= MAX_REPORT_BYTES
-    assert parse_report(text).error == "x" * 500
+    assert Report.from_message(text).error == "x" * 500
 
 
 @pytest.mark.parametrize(
@@ -123,11 +122,11 @@ def test_a_report_with_a_huge_error_still_fits_in_a_termination_message() -> Non
 )
 def test_unreadable_reports_name_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(CalibrationError, match=message):
-        parse_report(text)
+        Report.from_message(text)
 
 
 def test_the_report_is_compact_json() -> None:
-    data = json.loads(Report(curve=tuple(curve(1.0)), chosen=1).to_json())
+    data = json.loads(Report(curve=tuple(curve(1.0)), chosen=1).to_message())
     assert data["curve"] == [{"workers": 1, "reqPerS": 1.0, "p50Ms": None, "p99Ms": None}]
 
 

@@ -28,7 +28,7 @@ CPU_SPEC = {
 def report(chosen: int, *rates: float) -> str:
     points = tuple(CurvePoint(w, r, 10.0 * w, 20.0 * w) for w, r in enumerate(rates, start=1))
     best = max(points, key=lambda p: p.req_per_s).workers
-    return Report(curve=points, chosen=chosen, best=best, tolerance=0.05, usable_cpus=4, images=("1280x960",)).to_json()
+    return Report(curve=points, chosen=chosen, best=best, tolerance=0.05, usable_cpus=4, images=("1280x960",)).to_message()
 
 
 class Cluster:
@@ -152,7 +152,7 @@ async def test_a_run_that_could_not_measure_reports_its_own_error() -> None:
     cluster = Cluster()
     await cluster.probed(CPU_SPEC)
     (job_name,) = cluster.jobs("calibration")
-    cluster.api.finish_job(job_name, Report(error="--samples /data holds no images").to_json(), succeeded=False)
+    cluster.api.finish_job(job_name, Report(error="--samples /data holds no images").to_message(), succeeded=False)
     await cluster.reconcile()
     assert "--samples /data holds no images" in cluster.pools()["cpu"]["calibration"]["message"]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mmprep_runtime import calibrate, cli, cpus, testing_media
-from mmprep_runtime.calibration import parse_report
+from mmprep_runtime.calibration import Report
 
 
 def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(qwen_dir, tmp_path, capsys, monkeypatch):
@@ -19,8 +19,8 @@ def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_
         "--duration", "0.6", "--rounds", "2", "--warmup", "0", "--termination-log", str(log),
     ])  # fmt: skip
     assert code == 0
-    report = parse_report(log.read_text())
-    assert parse_report(capsys.readouterr().out.strip()) == report
+    report = Report.from_message(log.read_text())
+    assert Report.from_message(capsys.readouterr().out.strip()) == report
     assert [p.workers for p in report.curve] == [1, 2]  # capped by the CPUs this process may use
     assert all(p.req_per_s > 0 and p.p99_ms is not None and p.p99_ms >= p.p50_ms for p in report.curve)
     best = max(report.curve, key=lambda p: p.req_per_s)
@@ -41,7 +41,7 @@ def test_calibrate_rotates_through_sample_files(llava_dir, tmp_path, capsys, mon
     code = cli.main(["calibrate", "--model", str(llava_dir), "--samples", str(samples), "--duration", "0.3",
                      "--rounds", "1", "--warmup", "0"])  # fmt: skip
     assert code == 0
-    report = parse_report(capsys.readouterr().out.strip())
+    report = Report.from_message(capsys.readouterr().out.strip())
     assert report.images == ("a.jpg", "b.png") and report.chosen == 1
 
 
@@ -56,7 +56,7 @@ def test_calibrate_rotates_through_sample_files(llava_dir, tmp_path, capsys, mon
 def test_calibrate_refuses_bad_arguments_with_a_report_the_operator_can_read(argv, message, tmp_path, qwen_dir, capsys):
     log = tmp_path / "log"
     assert cli.main(["calibrate", "--model", str(qwen_dir), *argv, "--termination-log", str(log)]) == calibrate.EXIT_USAGE
-    assert message in parse_report(log.read_text()).error
+    assert message in Report.from_message(log.read_text()).error
     assert message in capsys.readouterr().err
 
 

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from conftest import free_port, runtime_command
 
-from mmprep_runtime import bench, cli, loading, probe, testing_media, testing_models
+from mmprep_runtime import bench, cli, exits, loading, probe, testing_media, testing_models
 from mmprep_runtime.contract import ProbeAnswer
 
 TIMEOUT = 120
@@ -129,6 +129,13 @@ def test_probe_answers_with_the_contract_keys_under_4_kib(qwen_dir, tmp_path, ca
     assert answer["declared_workers"] == 2  # the built-in table for Qwen2-VL
     assert answer["versions"]["transformers"]
     assert log.read_text() == printed and len(printed.encode()) < 4096
+
+
+def test_a_probe_whose_answer_cannot_reach_the_operator_fails(qwen_dir, tmp_path, caplog):
+    # The answer is printed, but the operator reads only the termination message: exit non-zero.
+    log = tmp_path / "no-such-dir" / "termination-log"
+    assert cli.main(["probe", "--model", str(qwen_dir), "--termination-log", str(log)]) == exits.EXIT_LOAD_FAILED
+    assert f"cannot write the termination message to {log}" in caplog.text
 
 
 def test_probe_says_path_if_gpu_is_cpu_for_pil_and_audio(model_factory, whisper_dir):
