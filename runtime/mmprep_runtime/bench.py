@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from mmprep_runtime import cpus, cuda, decoding, engine, exits, loading, pipeline, testing_media, versions
@@ -63,36 +64,45 @@ def parse_size(text: str) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one job does: build the request (decoding or not), then run the processor."""
+    """What one job does: build the request (decoding or not), then run the processor.
+
+    Decoding jobs take the encoded images in turn, each job the next one, as a pod serving a mix
+    of pictures would.
+    """
 
     facts: loading.ProcessorFacts
     request: pipeline.PreprocessRequest
-    jpeg: bytes | None
+    encoded: tuple[bytes, ...]
     decode: bool
+    # next() on itertools.count is atomic under the GIL: worker threads share it without a lock.
+    _turn: Iterator[int] = dataclasses.field(default_factory=itertools.count, compare=False, repr=False)
 
     def job(self, processor: Any) -> None:
         request = self.request
-        if self.decode and self.jpeg is not None:
-            image = decoding.decode_image(
-                self.jpeg, "image", max_pixels=Limits().max_image_pixels, layout=self.facts.image_layout
-            )
+        if self.decode and self.encoded:
+            data = self.encoded[next(self._turn) % len(self.encoded)]
+            image = decoding.decode_image(data, "image", max_pixels=Limits().max_image_pixels, layout=self.facts.image_layout)
             request = dataclasses.replace(request, images=(image,))
         pipeline.process(processor, request, self.facts)
 
 
-def build_workload(facts: loading.ProcessorFacts, size: tuple[int, int], decode: bool) -> Workload:
+def build_workload(
+    facts: loading.ProcessorFacts, size: tuple[int, int], decode: bool, images: tuple[bytes, ...] = ()
+) -> Workload:
+    """One request with an image (a synthetic JPEG of ``size``, or ``images`` in turn), audio or text,
+    whichever the processor takes."""
     text = "Describe this picture in one sentence."
-    jpeg: bytes | None = None
-    images: tuple[Any, ...] = ()
+    decoded: tuple[Any, ...] = ()
     audio: tuple[Any, ...] = ()
+    encoded: tuple[bytes, ...] = ()
     if facts.takes_images:
-        jpeg = testing_media.jpeg(*size)
-        images = (decoding.decode_image(jpeg, "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout),)
+        encoded = images or (testing_media.jpeg(*size),)
+        decoded = (decoding.decode_image(encoded[0], "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout),)
         if facts.image_token:
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:
         audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000, max_seconds=60),)
-    return Workload(facts, pipeline.PreprocessRequest(text, images, audio), jpeg, decode)
+    return Workload(facts, pipeline.PreprocessRequest(text, decoded, audio), encoded, decode)
 
 
 @dataclasses.dataclass

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import os
 import pathlib
 import sys
-from typing import Any, Final
+from typing import Final
 
-from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, exits, loading, pipeline, testing_media
+from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, exits, loading, testing_media
 from mmprep_runtime.exits import write_termination_message
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
@@ -55,28 +54,13 @@ def sample_inputs(folder: pathlib.Path) -> Inputs:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)[:MAX_SAMPLES]
     if not files:
         raise bench.BenchError(f"--samples {folder} holds no {'/'.join(SAMPLE_SUFFIXES)} files")
-    return Inputs(tuple(p.read_bytes() for p in files), tuple(p.name for p in files))
-
-
-class RotatingWorkload:
-    """One request per job, each decoding the next image of the set, as a pod would serve it."""
-
-    def __init__(self, facts: loading.ProcessorFacts, inputs: Inputs) -> None:
-        self._facts = facts
-        self._images = inputs.images
-        self._text = "Describe this picture in one sentence."
-        if facts.image_token:
-            self._text = f"{self._text} {facts.image_token}"
-        # next() on itertools.count is atomic under the GIL: workers share it without a lock.
-        self._next = itertools.count()
-        self._max_pixels = Limits().max_image_pixels
-        for i, data in enumerate(self._images):  # a sample that does not decode fails now, not mid-run
-            decoding.decode_image(data, f"sample {inputs.names[i]}", max_pixels=self._max_pixels, layout=facts.image_layout)
-
-    def job(self, processor: Any) -> None:
-        data = self._images[next(self._next) % len(self._images)]
-        image = decoding.decode_image(data, "image", max_pixels=self._max_pixels, layout=self._facts.image_layout)
-        pipeline.process(processor, pipeline.PreprocessRequest(self._text, (image,), ()), self._facts)
+    images = tuple(p.read_bytes() for p in files)
+    for path, data in zip(files, images, strict=True):  # a sample that does not decode fails now, not mid-run
+        try:
+            decoding.decode_image(data, f"sample {path.name}", max_pixels=Limits().max_image_pixels)
+        except errors.RequestError as exc:
+            raise bench.BenchError(f"--samples {folder}: {exc.message}") from None
+    return Inputs(images, tuple(p.name for p in files))
 
 
 def measure(
@@ -89,19 +73,15 @@ def measure(
     warmup: float,
     tolerance: float,
 ) -> calibration.Report:
-    processor, facts = loading.load_processor(settings)
-    if facts.takes_images:
-        job = RotatingWorkload(facts, inputs).job
-        names = inputs.names
-    else:  # audio or text only: bench's fixed request is representative enough
-        job = bench.build_workload(facts, (64, 48), decode=False).job
-        names = ()
-    del processor  # each engine loads and clones its own; this copy only told us the facts
     engines: dict[int, engine.Engine] = {}
     parts: dict[int, list[bench.Measurement]] = {c: [] for c in counts}
     try:
         for count in counts:
             engines[count] = engine.start_engine(settings, processor_workers=count)
+        facts = engines[counts[0]].facts
+        # Audio or text only: bench's fixed request is representative enough.
+        names = inputs.names if facts.takes_images else ()
+        job = bench.build_workload(facts, (64, 48), decode=facts.takes_images, images=inputs.images).job
         for running in engines.values():
             if warmup > 0:
                 bench.measure_pool(running, job, warmup, False)

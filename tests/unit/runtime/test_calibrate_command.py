@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from mmprep_runtime import calibrate, cli, cpus, testing_media
+from mmprep_runtime import bench, calibrate, cli, cpus, decoding, loading, testing_media
 from mmprep_runtime.calibration import Report
 
 
@@ -69,7 +70,7 @@ def test_calibrate_with_an_empty_sample_folder_or_a_broken_sample_fails_clearly(
     broken.mkdir()
     (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
     assert (
-        cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(broken), "--duration", "0.2"]) == calibrate.EXIT_FAILED
+        cli.main(["calibrate", "--model", str(qwen_dir), "--samples", str(broken), "--duration", "0.2"]) == calibrate.EXIT_USAGE
     )
     assert "x.jpg" in json.loads(capsys.readouterr().out)["error"]
 
@@ -78,3 +79,18 @@ def test_calibrate_of_a_model_that_does_not_load_reports_the_error(uncloneable_d
     # Remote code without --trust-remote-code: the load fails, and the report says why.
     assert cli.main(["calibrate", "--model", str(uncloneable_dir), "--duration", "0.2"]) == calibrate.EXIT_FAILED
     assert "trust" in json.loads(capsys.readouterr().out)["error"].lower()
+
+
+def test_a_decoding_workload_takes_its_images_in_turn(qwen_dir):
+    _processor, facts = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    images = (testing_media.jpeg(64, 48, seed=1), testing_media.png(32, 40, seed=2))
+    workload = bench.build_workload(facts, (8, 8), decode=True, images=images)
+    seen: list[tuple[int, int]] = []
+
+    def recording_processor(*, text: str, images: list[Any], **kwargs: Any) -> dict[str, Any]:
+        seen.append(decoding.image_size(images[0]))
+        return {}
+
+    for _ in range(3):
+        workload.job(recording_processor)
+    assert seen == [(64, 48), (32, 40), (64, 48)]
