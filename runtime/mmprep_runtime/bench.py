@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from mmprep_runtime import cpus, cuda, decoding, engine, exits, loading, pipeline, testing_media, versions
+from mmprep_runtime import cpus, cuda, decoding, engine, exits, loading, pipeline, sizing, testing_media, versions
 from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = exits.EXIT_USAGE
@@ -46,9 +46,12 @@ def parse_workers(text: str) -> list[int]:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise BenchError(f"--workers must be comma-separated integers, got {text!r}") from None
-    if not counts or any(count < 1 or count > 64 for count in counts):
-        raise BenchError(f"--workers must list counts between 1 and 64, got {text!r}")
-    return counts
+    if not counts:
+        raise BenchError(f"--workers must list worker counts, got {text!r}")
+    try:
+        return [sizing.check_worker_count("--workers", count) for count in counts]
+    except sizing.WorkerCountError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -251,6 +251,8 @@ def test_bench_measures_the_served_path_of_each_api(qwen_dir, api, capsys):
     [
         (["--workers", "1,x"], "comma-separated integers"),
         (["--workers", "0"], "between 1 and 64"),
+        (["--workers", "2,65"], "--workers must be between 1 and 64, got 65"),
+        (["--workers", ","], "must list worker counts"),
         (["--image", "big"], "WIDTHxHEIGHT"),
         (["--duration", "0"], "must be positive"),
     ],
