@@ -175,27 +175,22 @@ def decide_workers(
     def made(workers: int, reason: Reason, detail: str, not_honoured: int | None = None) -> WorkerDecision:
         return WorkerDecision(path, workers, io_workers, reason, detail, not_honoured)
 
+    # Both caps hold even against an explicit count: the count asked for is kept as not honoured.
+    cap: tuple[Reason, str, str] | None = None
     if not cloneable:
         why = f" ({cloneable_error})" if cloneable_error else ""
+        cap = (Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}", "threads cannot share one processor")
+    elif not thread_safe:
+        cap = (
+            Reason.NOT_THREAD_SAFE,
+            "the model declares its processor not thread-safe",
+            "its copies must not run concurrently",
+        )
+    if cap is not None:
+        reason, what, consequence = cap
         if explicit is not None and explicit > 1:
-            return made(
-                1,
-                Reason.NOT_CLONEABLE,
-                f"the processor cannot be deep-copied{why}; {explicit} workers were asked for, "
-                "but threads cannot share one processor",
-                explicit,
-            )
-        return made(1, Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}")
-    if not thread_safe:
-        if explicit is not None and explicit > 1:
-            return made(
-                1,
-                Reason.NOT_THREAD_SAFE,
-                f"the model declares its processor not thread-safe; {explicit} workers were asked for, "
-                "but its copies must not run concurrently",
-                explicit,
-            )
-        return made(1, Reason.NOT_THREAD_SAFE, "the model declares its processor not thread-safe")
+            return made(1, reason, f"{what}; {explicit} workers were asked for, but {consequence}", explicit)
+        return made(1, reason, what)
     if explicit is not None:
         return made(explicit, Reason.EXPLICIT, "asked for explicitly")
     if override is not None:
