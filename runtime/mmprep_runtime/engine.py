@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from typing import Any, Literal
+from typing import Any
 
 from mmprep_runtime import contract, cpus, cuda, executor, loading, pipeline, sizing, versions
 
@@ -34,12 +34,12 @@ class Served:
 
 @dataclasses.dataclass(frozen=True)
 class _FirstJob:
-    """What the first worker job hands back: a decoded request still to fetch, outputs still to
-    encode, or the encoded answer."""
+    """What the first worker job hands back: the decoded request, still to fetch; or, once
+    ``processed``, what ``_process_then`` would have returned."""
 
     value: Any
     decode_seconds: float
-    stage: Literal["fetch", "encode", "done"]
+    processed: bool
 
 
 def _decode_first(processor: Any, api: pipeline.Api[Any, Any], body: bytes, encode_here: bool) -> _FirstJob:
@@ -48,11 +48,8 @@ def _decode_first(processor: Any, api: pipeline.Api[Any, Any], body: bytes, enco
     request = api.decode(body)
     decoded = time.perf_counter() - started
     if api.needs_fetch(request):
-        return _FirstJob(request, decoded, "fetch")
-    outputs = api.process(processor, request)
-    if encode_here:
-        return _FirstJob(api.encode(outputs), decoded, "done")
-    return _FirstJob(outputs, decoded, "encode")
+        return _FirstJob(request, decoded, processed=False)
+    return _FirstJob(_process_then(processor, api, request, encode_here), decoded, processed=True)
 
 
 def _process_then(processor: Any, api: pipeline.Api[Any, Any], request: Any, encode_here: bool) -> Any:
@@ -133,11 +130,8 @@ class Engine:
         if self.decode_on_worker:
             first = await asyncio.wrap_future(self.pool.submit(_decode_first, api, body, encode_here))
             decode_seconds = first.decode_seconds
-            if first.stage == "done":
-                return Served(first.value, decode_seconds)
-            if first.stage == "encode":
-                payload = await loop.run_in_executor(self.io_pool, api.encode, first.value)
-                return Served(payload, decode_seconds)
+            if first.processed:
+                return await self._answer(api, first.value, encode_here, decode_seconds)
             request = first.value
         else:
             started = time.perf_counter()
@@ -147,9 +141,13 @@ class Engine:
         if api.needs_fetch(request):
             request = await api.fetch(request)
         result = await asyncio.wrap_future(self.pool.submit(_process_then, api, request, encode_here))
-        if encode_here:
-            return Served(result, decode_seconds)
-        return Served(await loop.run_in_executor(self.io_pool, api.encode, result), decode_seconds)
+        return await self._answer(api, result, encode_here, decode_seconds)
+
+    async def _answer(self, api: pipeline.Api[Any, Any], result: Any, encoded: bool, decode_seconds: float) -> Served:
+        """``_process_then``'s result as the answer: encoded there already, or now on the IO pool."""
+        if not encoded:
+            result = await asyncio.get_running_loop().run_in_executor(self.io_pool, api.encode, result)
+        return Served(result, decode_seconds)
 
     def close(self, timeout: float | None = None) -> None:
         self.pool.shutdown(wait=True, timeout=timeout)
