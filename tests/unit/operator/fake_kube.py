@@ -117,17 +117,6 @@ class FakeKubeApi:
     def kinds(self, kind: str) -> dict[str, dict[str, Any]]:
         return {name: o for (k, _, name), o in self.objects.items() if k == kind}
 
-    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return [
-            copy.deepcopy(o)
-            for (k, ns, _), o in self.objects.items()
-            if k == "Deployment" and ns == namespace and _matches(o["metadata"].get("labels", {}), selector)
-        ]
-
-    async def delete_deployment(self, namespace: str, name: str) -> None:
-        self.deleted.append(name)
-        self.objects.pop(("Deployment", namespace, name), None)
-
     async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(o)

@@ -329,7 +329,7 @@ async def test_a_resource_being_deleted_is_left_to_the_garbage_collector(cluster
     # Foreground deletion: the GC deletes the children first while the resource still exists.
     cluster.api.resources[("ns", "m")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     for name in list(cluster.api.kinds("Deployment")):
-        await cluster.api.delete_deployment("ns", name)
+        await cluster.api.delete_object("apps/v1", "Deployment", "ns", name)
     applies, events = len(cluster.api.applies), len(cluster.api.events)
     assert (await cluster.reconcile()).kind == "gone"
     assert cluster.api.kinds("Deployment") == {}
@@ -408,7 +408,7 @@ async def test_unchanged_children_are_not_applied_again_until_someone_touches_th
     watch_shows(cluster)
     await cluster.reconcile()
     assert cluster.api.applies[5:] == [("Deployment", "m-nvidia-gb300")]
-    await cluster.api.delete_deployment("ns", "m-nvidia-h200-141gb-hbm3e")
+    await cluster.api.delete_object("apps/v1", "Deployment", "ns", "m-nvidia-h200-141gb-hbm3e")
     cluster.reconciler.children.observe(
         "Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-h200-141gb-hbm3e"}}
     )
@@ -529,7 +529,7 @@ async def test_a_spec_edit_the_watch_has_not_delivered_is_never_overwritten(clus
 async def test_children_are_applied_only_from_a_fresh_read(cluster: Cluster) -> None:
     watch = Watch(cluster)
     await converged(cluster, watch)
-    await cluster.api.delete_deployment("ns", "m-nvidia-gb300")
+    await cluster.api.delete_object("apps/v1", "Deployment", "ns", "m-nvidia-gb300")
     cluster.reconciler.children.observe("Deployment", "DELETED", {"metadata": {"namespace": "ns", "name": "m-nvidia-gb300"}})
     gets = cluster.api.gets
     assert (await cluster.reconcile()).kind == "done"
