@@ -132,7 +132,7 @@ class ChildApplier:
 
     async def prune(self, owner: render.Owner, keep: frozenset[tuple[str, str]]) -> None:
         """Delete this resource's Deployments and PodDisruptionBudgets of pools that no longer exist."""
-        selector = ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(owner).items()))
+        selector = render.selector_string(owner)
         for kind, api_version in POOL_KINDS.items():
             for obj in await self.kube.list_objects(api_version, kind, owner.namespace, selector):
                 meta = obj.get("metadata") or {}

@@ -10,8 +10,10 @@ build as many operators as they like.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import kopf
 
@@ -31,17 +33,46 @@ def _is_job_component(value: str | None, **_: Any) -> bool:
     return value in _JOB_COMPONENTS
 
 
-# The Jobs the operator reads: probes and calibrations (kopf's labels= filters client-side).
+_CHILD_SELECTOR = render.label_selector(_CHILD_LABELS)
+# The Jobs the operator reads: probes and calibrations.
 _JOB_LABELS: dict[str, Any] = {**_CHILD_LABELS, render.LABEL_COMPONENT: _is_job_component}
-_JOB_SELECTOR = ",".join(
-    [*(f"{k}={v}" for k, v in sorted(_CHILD_LABELS.items())), f"{render.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"]
-)
+_JOB_SELECTOR = f"{_CHILD_SELECTOR},{render.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"
 _RUNTIME_POD_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: render.COMPONENT_RUNTIME}
 NODE_INDEX = "mmprep_nodes"
 
 
-def _selector(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+@dataclasses.dataclass(frozen=True)
+class _ChildWatch:
+    """One kind of object the operator owns or reads, watched for the resource it belongs to.
+
+    ``labels`` is kopf's filter, applied client-side; ``selector`` is the same filter for the API
+    server, so a large cluster does not stream every object of the kind just to drop it.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    labels: Mapping[str, Any]
+    selector: str
+
+
+_CHILD_WATCHES: Final = (
+    _ChildWatch("apps", "v1", "deployments", "Deployment", _CHILD_LABELS, _CHILD_SELECTOR),
+    _ChildWatch("", "v1", "services", "Service", _CHILD_LABELS, _CHILD_SELECTOR),
+    _ChildWatch("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", _CHILD_LABELS, _CHILD_SELECTOR),
+    # Runtime pods only (their scheduling and exits go into status), never the probe's.
+    _ChildWatch("", "v1", "pods", "Pod", _RUNTIME_POD_LABELS, render.label_selector(_RUNTIME_POD_LABELS)),
+    _ChildWatch("batch", "v1", "jobs", "Job", _JOB_LABELS, _JOB_SELECTOR),
+)
+
+
+def _watch_child(registry: kopf.OperatorRegistry, watch: _ChildWatch) -> None:
+    @kopf.on.event(
+        watch.group, watch.version, watch.plural, id=f"{watch.plural}_changed", labels=dict(watch.labels), registry=registry
+    )
+    def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        memo["state"].controller.child_event(watch.kind, type, body)
 
 
 def build_registry() -> kopf.OperatorRegistry:
@@ -75,11 +106,8 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
         # Filter children on the server: in a large cluster the operator must not stream every
         # Deployment and Job just to drop all but its own (the handlers' labels= filter client-side).
-        settings.watching.label_selectors["apps", "deployments"] = _selector(_CHILD_LABELS)
-        settings.watching.label_selectors["", "services"] = _selector(_CHILD_LABELS)
-        settings.watching.label_selectors["batch", "jobs"] = _JOB_SELECTOR
-        settings.watching.label_selectors["policy", "poddisruptionbudgets"] = _selector(_CHILD_LABELS)
-        settings.watching.label_selectors["", "pods"] = _selector(_RUNTIME_POD_LABELS)
+        for watch in _CHILD_WATCHES:
+            settings.watching.label_selectors[watch.group, watch.plural] = watch.selector
         await state.start(nodes_from_index(kwargs[NODE_INDEX]))
         logger.info("mmprep operator started")
 
@@ -106,24 +134,7 @@ def build_registry() -> kopf.OperatorRegistry:
     def resource_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         memo["state"].controller.resource_event(type, body)
 
-    @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS, registry=registry)
-    def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-        memo["state"].controller.child_event("Deployment", type, body)
-
-    @kopf.on.event("", "v1", "services", labels=_CHILD_LABELS, registry=registry)
-    def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-        memo["state"].controller.child_event("Service", type, body)
-
-    @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_LABELS, registry=registry)
-    def budget_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-        memo["state"].controller.child_event("PodDisruptionBudget", type, body)
-
-    @kopf.on.event("", "v1", "pods", labels=_RUNTIME_POD_LABELS, registry=registry)
-    def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-        memo["state"].controller.child_event("Pod", type, body)
-
-    @kopf.on.event("batch", "v1", "jobs", labels=_JOB_LABELS, registry=registry)
-    def job_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-        memo["state"].controller.child_event("Job", type, body)
+    for watch in _CHILD_WATCHES:
+        _watch_child(registry, watch)
 
     return registry

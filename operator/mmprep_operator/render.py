@@ -83,8 +83,13 @@ def selector_labels(owner: Owner) -> dict[str, str]:
     return {LABEL_RESOURCE: naming.label_value(owner.name), LABEL_MANAGED_BY: MANAGED_BY}
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """Labels as the API's ``labelSelector`` query: every one must match."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 def selector_string(owner: Owner) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner).items()))
+    return label_selector(selector_labels(owner))
 
 
 def pool_labels(owner: Owner, pool: str) -> dict[str, str]:

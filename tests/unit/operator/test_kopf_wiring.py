@@ -35,6 +35,28 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
     assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
 
 
+def test_each_child_event_reaches_the_controller_as_its_own_kind() -> None:
+    heard: list[tuple[str, str | None, dict]] = []
+
+    class StubController:
+        def child_event(self, kind: str, type: str | None, body: dict) -> None:  # noqa: A002
+            heard.append((kind, type, body))
+
+    memo = kopf.Memo(state=kopf.Memo(controller=StubController()))
+    kinds = {
+        "deployments": "Deployment",
+        "services": "Service",
+        "poddisruptionbudgets": "PodDisruptionBudget",
+        "pods": "Pod",
+        "jobs": "Job",
+    }
+    for handler in build_registry()._watching.get_all_handlers():
+        plural = handler.selector.any_name
+        if plural in kinds:
+            handler.fn(type="MODIFIED", body={"metadata": {"name": plural}}, memo=memo)
+    assert heard == [(kind, "MODIFIED", {"metadata": {"name": plural}}) for plural, kind in kinds.items()]
+
+
 def test_two_registries_do_not_share_handlers() -> None:
     a, b = build_registry(), build_registry()
     assert a is not b
