@@ -1,8 +1,7 @@
 """What the operator knows about its children from watch events, so that a reconcile whose result
 did not change costs no API calls for them.
 
-For each child (Deployment, PodDisruptionBudget, Service; runtime pods only wake their owner) it
-keeps two facts and compares them:
+For each child (Deployment, PodDisruptionBudget, Service) it keeps two facts and compares them:
 
 - what the operator last applied: a digest of the rendered object and the object's *marker* in
   the apply's answer;
@@ -14,6 +13,10 @@ Deployment (its status updates do not move it), ``metadata.resourceVersion`` for
 no generation, and no status that changes on its own). So "same digest, and the watch still shows
 the marker our apply produced" means nobody touched it since: the apply can be skipped. Any doubt
 (nothing watched yet, an operator restart, an edit, a deletion) means apply again, which is safe.
+
+Runtime pods are not applied; the store keeps what ``podstates`` reads of each (labels, deletion,
+conditions, container states), so that the reason a pool's pods are not ready costs no pod LIST
+per pass. Like the Deployments' replica counts, it is as fresh as the last watch event.
 
 In memory only, no I/O: the controller feeds it events, the reconciler reads it.
 """
@@ -76,11 +79,25 @@ def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a pod that says which pool it serves and why it is not ready."""
+    meta, st = body.get("metadata") or {}, body.get("status") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "status": {"conditions": list(st.get("conditions") or ()), "containerStatuses": list(st.get("containerStatuses") or ())},
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class _Seen:
     marker: str
     fingerprint: tuple[Any, ...]
     state: DeploymentState | None
+    pod: Mapping[str, Any] | None = None
 
 
 class ChildStore:
@@ -99,7 +116,8 @@ class ChildStore:
         fingerprint = _wake_fingerprint(kind, body)
         old = self._seen.get(key)
         state = deployment_state(body) if kind == "Deployment" else None
-        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state)
+        pod = _pod_view(body) if kind == "Pod" else None
+        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state, pod)
         return old is None or old.fingerprint != fingerprint
 
     def record_apply(self, obj: Mapping[str, Any], result: Mapping[str, Any]) -> None:
@@ -117,3 +135,14 @@ class ChildStore:
     def deployment_state(self, namespace: str, name: str) -> DeploymentState | None:
         seen = self._seen.get(("Deployment", namespace, name))
         return seen.state if seen is not None else None
+
+    def pods(self, namespace: str, labels: Mapping[str, str]) -> list[Mapping[str, Any]]:
+        """The watched pods of ``namespace`` that carry all of ``labels``."""
+        return [
+            seen.pod
+            for (kind, ns, _), seen in self._seen.items()
+            if kind == "Pod"
+            and ns == namespace
+            and seen.pod is not None
+            and all(seen.pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
+        ]

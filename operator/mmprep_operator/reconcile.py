@@ -282,7 +282,7 @@ class Reconciler:
             return READ_AGAIN  # children to apply or prune: only from a freshly read spec
         applied = await self.applier.apply_plan(owner, plan)
         failed = applied.problem is not None
-        pod_problems = await self._pod_problems(owner, plan, applied.deployments) if not failed else {}
+        pod_problems = self._pod_problems(owner, plan, applied.deployments) if not failed else {}
         obs = observed(applied.deployments, applied.problem or plan.problem, pod_problems)
         if failed:
             return await self._finish(read, obs, Outcome("error"))
@@ -296,10 +296,10 @@ class Reconciler:
         """Report the pass's last observation; then ``outcome``, or ``READ_AGAIN`` if it was not written."""
         return READ_AGAIN if await self._report(read, obs) is READ_AGAIN else outcome
 
-    async def _pod_problems(
+    def _pod_problems(
         self, owner: render.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
     ) -> dict[str, api.PoolProblem]:
-        """Why pods are missing, per pool, read from the pods; no call while every pool is ready."""
+        """Why pods are missing, per pool, read from the pods as the watch last showed them."""
         short = [
             name
             for name, deployment in plan.deployment_names.items()
@@ -307,7 +307,7 @@ class Reconciler:
         ]
         if not short:
             return {}
-        pods = await self.kube.list_pods(owner.namespace, render.selector_string(owner))
+        pods = self.children.pods(owner.namespace, render.selector_labels(owner))
         by_label = {naming.label_value(name): name for name in short}
         return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
 

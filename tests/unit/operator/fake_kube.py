@@ -32,6 +32,7 @@ class FakeKubeApi:
         self.status_writes = 0
         self.stale_status_writes = 0  # conditional writes refused: the resource changed since
         self.gets = 0
+        self.pod_lists = 0
         self.applies: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.reject: dict[str, ApiError] = {}  # object name -> error on apply
@@ -154,6 +155,7 @@ class FakeKubeApi:
         job["metadata"]["resourceVersion"] = self._rv()
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.pod_lists += 1
         return [copy.deepcopy(p) for p in self.pods if _matches(p["metadata"].get("labels", {}), selector)]
 
     async def post_event(self, event: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ from fake_kube import FakeKubeApi
 from pydantic import ValidationError
 
 from mmprep_operator import api, crd, podstates, render
+from mmprep_operator.children import ChildStore
 from mmprep_operator.config import OperatorPolicy
 from mmprep_operator.metrics import Metrics
 from mmprep_operator.plan import make_plan
@@ -226,8 +227,16 @@ async def test_pending_pods_put_the_schedulers_words_into_ready_and_pools() -> N
     cluster = Cluster()
     await cluster.settle({"model": {"path": "/models/m"}, "resources": GPU, "replicas": 3})
     said = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-    cluster.api.pods.append(pending_pod("nvidia-gb300", said))
+    pod = pending_pod("nvidia-gb300", said)
+    pod["metadata"]["namespace"] = "ns"
+    cluster.reconciler.children.observe("Pod", "ADDED", pod)
+    # Another resource's pending pod in the same pool is not this resource's problem.
+    other = pending_pod("nvidia-h200-141gb-hbm3e", "0/3 nodes are available", name="other-p")
+    other["metadata"].update(namespace="ns", labels={**other["metadata"]["labels"], render.LABEL_RESOURCE: "other"})
+    cluster.reconciler.children.observe("Pod", "ADDED", other)
+    lists = cluster.api.pod_lists
     await cluster.reconciler.reconcile("ns", "m")
+    assert cluster.api.pod_lists == lists  # read from the watch, not listed
     ready = cluster.condition("Ready")
     assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
     assert f"pool nvidia-gb300: Unschedulable: {said}" in ready["message"]
@@ -235,6 +244,11 @@ async def test_pending_pods_put_the_schedulers_words_into_ready_and_pools() -> N
     assert "problem" not in cluster.pools()["nvidia-h200-141gb-hbm3e"]
     warnings = [e for e in cluster.api.events if e["type"] == "Warning"]
     assert [e["reason"] for e in warnings] == ["Unschedulable"] and said in warnings[0]["message"]
+    # Scheduled at last: the watch's next event clears the problem on the next pass.
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    assert cluster.reconciler.children.observe("Pod", "MODIFIED", pod)
+    await cluster.reconciler.reconcile("ns", "m")
+    assert "problem" not in cluster.pools()["nvidia-gb300"]
 
 
 async def test_a_service_name_conflict_creates_nothing_until_it_is_resolved() -> None:
@@ -316,3 +330,22 @@ def test_a_pools_arch_comes_from_its_nodes_labels_when_the_gpu_does_not_fix_it()
     mixed = [make_node("h200-a", {**H200, **amd}, gpus=8), make_node("h200-b", H200, gpus=8)]
     unknown = make_plan(OWNER, parsed, mixed, probe, OperatorPolicy(imagePlatforms=["linux/arm64"]))
     assert unknown.pool_problems == {}  # nodes that disagree (or do not say): not checked
+
+
+def test_the_watch_keeps_what_status_reads_of_each_runtime_pod_until_it_is_deleted() -> None:
+    store = ChildStore()
+    said = "0/2 nodes are available: 2 Insufficient cpu."
+    pod = pending_pod("cpu", said)
+    pod["metadata"].update(namespace="ns", uid="u-1", ownerReferences=[{"kind": "ReplicaSet"}])
+    pod["spec"] = {"containers": [{"name": "runtime", "image": "mmprep-runtime:0.1.0"}]}
+    store.observe("Pod", "ADDED", pod)
+    (seen,) = store.pods("ns", {render.LABEL_RESOURCE: "m"})
+    assert "spec" not in seen and "uid" not in seen["metadata"]  # only what podstates reads is kept
+    assert (
+        podstates.pod_problem(seen)
+        == podstates.pod_problem(pod)
+        == ("Unschedulable", "0/2 nodes are available: 2 Insufficient cpu.")
+    )
+    assert store.pods("other", {render.LABEL_RESOURCE: "m"}) == [] and store.pods("ns", {render.LABEL_RESOURCE: "x"}) == []
+    store.observe("Pod", "DELETED", pod)
+    assert store.pods("ns", {render.LABEL_RESOURCE: "m"}) == []
