@@ -236,9 +236,10 @@ async def handle_render_completion(request: web.Request) -> web.Response:
 
 async def handle_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.render_model is None:
-        return _vllm_error(errors.NotReady("not ready: the processor is loading"))
+    reason = not_ready_reason(state)
     model = state.render_model
+    if reason is not None or model is None:
+        return _vllm_error(errors.NotReady(f"not ready: {reason}"))
     permission = {
         "id": f"modelperm-{state.started:x}",
         "object": "model_permission",

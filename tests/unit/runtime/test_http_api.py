@@ -511,5 +511,7 @@ async def test_with_no_worker_left_the_server_is_not_ready_and_says_why(start_se
     # /health (the render API pods' probe) and a refused request give the same answer as /readyz.
     async with running.client.get(f"{running.url}/health") as response:
         assert response.status == 503
+    models_status, models = await running.json("/v1/models")
+    assert models_status == 503 and "no processor worker left" in models["error"]["message"], models
     code, _, answer = await running.post({"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]})
     assert code == 503 and "no processor worker left" in json.loads(answer)["error"]["message"], answer
