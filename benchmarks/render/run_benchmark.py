@@ -41,6 +41,9 @@ from mmprep_runtime import bench, testing_models, versions
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env  # noqa: E402 - after the sys.path line
 
 
 def _runtime_benchmark() -> Any:
@@ -55,7 +58,7 @@ def _runtime_benchmark() -> Any:
 
 
 _RUNTIME = _runtime_benchmark()
-free_port, machine_busy_seconds, parse_wrk = _RUNTIME.free_port, _RUNTIME.machine_busy_seconds, _RUNTIME.parse_wrk
+machine_busy_seconds, parse_wrk = _RUNTIME.machine_busy_seconds, _RUNTIME.parse_wrk
 
 IMAGE_SIZE = (1280, 960)
 CHAT_PATH = "/v1/chat/completions/render"
@@ -133,18 +136,7 @@ class Server:
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         done = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                f"-c{self.connections}",
-                f"-d{seconds:g}s",
-                "--latency",
-                "--timeout",
-                "60s",
-                "-s",
-                str(self.lua),
-                self.base + CHAT_PATH,
-            ],
+            _RUNTIME.wrk_command(self.lua, self.base + CHAT_PATH, connections=self.connections, seconds=seconds, timeout_s=60),
             env=self.env,
             capture_output=True,
             text=True,
@@ -336,50 +328,17 @@ def main() -> int:
     body_file.write_bytes(body)
     lua = work / "post.lua"
     lua.write_text(WRK_SCRIPT)
-    vllm_env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
     servers: dict[str, list[Server]] = {}
     load_start = [round(x, 2) for x in os.getloadavg()]
     try:
         for mode in modes:
             normalized = mode == "normalized"
-            vllm_cmd = [
-                str(venv / "bin" / "vllm"),
-                "launch",
-                "render",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--mm-processor-cache-gb",
-                "0",
-            ]
-            mmprep_cmd = [
-                sys.executable,
-                "-m",
-                "mmprep_runtime.cli",
-                "serve",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--log-level",
-                "WARNING",
-            ]
-            if normalized:
-                vllm_cmd.append("--no-mm-device-do-normalize")
-                mmprep_cmd.append("--normalized-pixels")
+            vllm_cmd = vllm_render_command(venv, model, free_port(), normalized=normalized)
+            mmprep_cmd = [*runtime_command(), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(free_port())]
+            mmprep_cmd += ["--log-level", "WARNING", *(["--normalized-pixels"] if normalized else [])]
             # The same client concurrency for both: enough to keep mmprep's workers and decoders busy.
             servers[mode] = [
-                Server("vLLM render", vllm_cmd, vllm_env, "/health", body_file, lua, 4, work / f"vllm-{mode}.log"),
+                Server("vLLM render", vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"vllm-{mode}.log"),
                 Server("mmprep", mmprep_cmd, dict(os.environ), "/readyz", body_file, lua, 4, work / f"mmprep-{mode}.log"),
             ]
         for pair in servers.values():

@@ -30,7 +30,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,10 @@ from mmprep_runtime.settings import Limits
 from mmprep_runtime.sizing import Backend
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+from support.servers import free_port, runtime_command  # noqa: E402 - after the sys.path line
+
 IMAGE_SIZE = (1280, 960)
 WRK_SCRIPT = r"""
 wrk.method = "POST"
@@ -60,11 +63,6 @@ response = function(status, headers, body)
   end
 end
 """
-
-
-def runtime_command() -> list[str]:
-    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
 
 
 def request_body() -> bytes:
@@ -145,10 +143,20 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def wrk_command(lua: pathlib.Path, url: str, *, connections: int, seconds: float, timeout_s: int) -> list[str]:
+    """One wrk thread (the load generator must not take the server's cores) posting ``lua``'s body."""
+    return [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds:g}s",
+        "--latency",
+        "--timeout",
+        f"{timeout_s}s",
+        "-s",
+        str(lua),
+        url,
+    ]
 
 
 def wait_ready(base: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -246,18 +254,7 @@ class Server:
             self.info = json.loads(response.read())
 
     def _wrk(self, seconds: float) -> str:
-        command = [
-            "wrk",
-            "-t1",
-            f"-c{self.connections}",
-            f"-d{seconds:g}s",
-            "--latency",
-            "--timeout",
-            "30s",
-            "-s",
-            str(self.lua),
-            self.base + "/v1/preprocess",
-        ]
+        command = wrk_command(self.lua, self.base + "/v1/preprocess", connections=self.connections, seconds=seconds, timeout_s=30)
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, check=True)
         if done.stderr.strip():  # the Lua script reports the first answer of each non-200 status
             print(f"{self.backend.value}/{self.workers}: {done.stderr.strip()}", file=sys.stderr)

@@ -18,9 +18,7 @@ import io
 import json
 import os
 import pathlib
-import socket
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from typing import Any, ClassVar
 
 import pytest
 from support.kube import HACK, wait_for
+from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 
 from mmprep_runtime import testing_media, testing_models
 
@@ -40,12 +39,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 CHECKER = HERE.parent / "support" / "vllm_check.py"
 START_TIMEOUT = 240.0
 REQUEST_TIMEOUT = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rgba_png(width: int, height: int) -> bytes:
@@ -159,47 +152,13 @@ class Server:
 
 
 def start_vllm(venv: pathlib.Path, model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
-    command = [
-        str(venv / "bin" / "vllm"),
-        "launch",
-        "render",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(_free_port()),
-        "--mm-processor-cache-gb",
-        "0",
-    ]
-    if normalized:
-        command.append("--no-mm-device-do-normalize")
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    env.pop("VIRTUAL_ENV", None)
-    return Server("vLLM render", command, env, "/health", logs / f"vllm-{normalized}.log")
+    command = vllm_render_command(venv, model, free_port(), normalized=normalized)
+    return Server("vLLM render", command, vllm_render_env(), "/health", logs / f"vllm-{normalized}.log")
 
 
 def start_mmprep(model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
-    command = [
-        sys.executable,
-        "-m",
-        "mmprep_runtime.cli",
-        "serve",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(_free_port()),
-        "--fetch-allowed-networks",
-        "127.0.0.1/32",
-    ]
+    command = [*runtime_command(), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(free_port())]
+    command += ["--fetch-allowed-networks", "127.0.0.1/32"]
     if normalized:
         command.append("--normalized-pixels")
     return Server("mmprep", command, dict(os.environ), "/health", logs / f"mmprep-{normalized}.log")

@@ -14,7 +14,6 @@ import io
 import json
 import re
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -36,6 +35,7 @@ from packaging_support import (
     venv_script,
 )
 from support.kube import wait_for
+from support.servers import free_port
 
 # The first test pays for building the images in its setup: minutes on a new machine (debootstrap,
 # 2.9 GB of wheels, the runtime's 6 GB of layers), seconds once cached.
@@ -62,12 +62,6 @@ def _readable_copy(source: Path, dest: Path) -> Path:
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -302,7 +296,7 @@ def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_
     from chart_cluster import full_reconcile, installed_chart, wait_until_granted
 
     namespace = private_namespace  # watched by this container only
-    health, metrics = _free_port(), _free_port()  # host network: the chart's default ports may be taken
+    health, metrics = free_port(), free_port()  # host network: the chart's default ports may be taken
     values = {
         "watchNamespaces": [namespace],
         "replicaCount": 0,  # this control plane runs no images; Docker runs the pod below

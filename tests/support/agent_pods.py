@@ -31,6 +31,11 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+try:  # run under the agent script (hack/cluster-up.sh): this folder is on sys.path
+    from servers import free_port
+except ImportError:  # imported as support.agent_pods
+    from support.servers import free_port
+
 log = logging.getLogger("mmprep-test-agent")
 
 PORTS_ANNOTATION = "agent.mmprep.dev/ports"
@@ -56,12 +61,6 @@ class Host(Protocol):
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")

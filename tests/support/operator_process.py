@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,12 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from support.kube import Cluster, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from support.servers import free_port
 
 
 class OperatorProcess:
@@ -72,7 +66,7 @@ class OperatorProcess:
 
     def start(self, *, timeout: float = 60) -> None:
         assert self.process is None or self.process.poll() is not None, "operator already running"
-        self.health_port, self.metrics_port = _free_port(), _free_port()
+        self.health_port, self.metrics_port = free_port(), free_port()
         self.starts += 1
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop/kill
         self._log.write(f"\n===== start #{self.starts}: {' '.join(self.command())}\n".encode())

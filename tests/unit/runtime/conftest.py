@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import pathlib
-import shutil
-import socket
-import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -160,15 +156,3 @@ async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]
         await client.close()
     for runner in runners:
         await runner.cleanup()
-
-
-def runtime_command() -> list[str]:
-    """``mmprep-runtime`` as this virtualenv installs it (or its module, when run from a checkout)."""
-    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

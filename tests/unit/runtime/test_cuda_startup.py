@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 import torch
-from conftest import free_port, runtime_command
 from PIL import Image
+from support.servers import free_port, runtime_command
 
 from mmprep_runtime import cuda, loading, patches, serve
 

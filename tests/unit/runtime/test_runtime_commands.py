@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import free_port, runtime_command
+from support.servers import free_port, runtime_command
 
 from mmprep_runtime import bench, cli, exits, loading, probe, testing_media, testing_models
 from mmprep_runtime.contract import ProbeAnswer

@@ -1,0 +1,45 @@
+"""How the tests and benchmarks start local servers: a free port, mmprep's runtime command, and
+vLLM's render server as the peer of mmprep's render API (``hack/vllm/venv.sh``)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import socket
+import sys
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the kernel's pick, for the next server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def runtime_command() -> list[str]:
+    """``mmprep-runtime`` as this virtualenv installs it (or its module, when run from a checkout)."""
+    script = shutil.which("mmprep-runtime", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
+
+
+def vllm_render_command(venv: pathlib.Path, model: pathlib.Path, port: int, *, normalized: bool) -> list[str]:
+    """vLLM's render server on ``model``, its processor cache off (repeated images would hit it),
+    with uint8 pixels (its default) or normalized ones (mmprep's ``--normalized-pixels``)."""
+    command = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--mm-processor-cache-gb", "0"]
+    return [*command, "--no-mm-device-do-normalize"] if normalized else command
+
+
+def vllm_render_env() -> dict[str, str]:
+    """vLLM on the CPU, offline, reporting nothing, in its own virtualenv (not this one)."""
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    return env
