@@ -8,14 +8,22 @@ the problem. The HTTP layer renders all of them the same way; nothing else picks
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import ClassVar
+
+#: Every error class's HTTP status by its code, filled as each class is defined (some are defined
+#: in the modules that raise them, e.g. ``fetching``), for ``outcome_class``.
+_STATUS_BY_CODE: dict[str, int] = {}
 
 
 class RequestError(Exception):
     status: ClassVar[int] = 400
     code: ClassVar[str] = "bad_request"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in vars(cls) or cls.code not in _STATUS_BY_CODE:  # a code's own class sets its status
+            _STATUS_BY_CODE[cls.code] = cls.status
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -122,17 +130,6 @@ OUTCOME_CLASSES = (OK, REJECTED, CLIENT_ERROR, SERVER_ERROR)
 CLIENT_GONE = "client_gone"
 
 
-@functools.cache  # every error class is defined at import; the walk is done once, not per answer
-def _status_by_code() -> dict[str, int]:
-    out: dict[str, int] = {}
-    todo: list[type[RequestError]] = [RequestError]
-    while todo:
-        cls = todo.pop()
-        out[cls.code] = cls.status
-        todo.extend(cls.__subclasses__())
-    return out
-
-
 def outcome_class(code: str) -> str:
     """The class of an answer from its ``code`` (the request counter's label): ``ok``;
     ``rejected`` when the server refused to take the request on (429 overloaded, 503 not ready);
@@ -141,7 +138,7 @@ def outcome_class(code: str) -> str:
         return OK
     if code == CLIENT_GONE:
         return CLIENT_ERROR
-    status = _status_by_code().get(code, 500)
+    status = _STATUS_BY_CODE.get(code, 500)
     if status in (Overloaded.status, NotReady.status):
         return REJECTED
     return CLIENT_ERROR if status < 500 else SERVER_ERROR

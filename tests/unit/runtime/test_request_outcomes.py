@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -36,6 +38,17 @@ TIMEOUT = 60
 def test_each_answer_code_falls_in_one_outcome_class(code: str, outcome: str) -> None:
     assert errors.outcome_class(code) == outcome
     assert outcome in errors.OUTCOME_CLASSES
+
+
+def test_an_error_class_defined_after_the_first_answer_still_has_its_class() -> None:
+    # fetching defines its own errors: a table built at the first answer must not miss them.
+    script = (
+        "from mmprep_runtime import errors; assert errors.outcome_class('bad_media') == 'client_error'; "
+        "from mmprep_runtime import fetching; "
+        "print(errors.outcome_class(fetching.FetchRefused.code), errors.outcome_class(fetching.FetchTimedOut.code))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    assert done.stdout.split() == ["client_error", "client_error"], done.stdout
 
 
 @pytest.mark.parametrize(
