@@ -97,18 +97,25 @@ class _Seen:
     marker: str
     fingerprint: tuple[Any, ...]
     state: DeploymentState | None
-    pod: Mapping[str, Any] | None = None
 
 
 class ChildStore:
     def __init__(self) -> None:
         self._seen: dict[ChildKey, _Seen] = {}
         self._applied: dict[ChildKey, tuple[str, str]] = {}  # key -> (digest, marker after our apply)
+        # Per namespace, pod name -> what podstates reads of it: a pass reads one namespace's pods.
+        self._pods: dict[str, dict[str, dict[str, Any]]] = {}
 
     def observe(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Record a watch event; True when the child's owner should be reconciled again."""
         meta = body.get("metadata") or {}
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        if kind == "Pod":
+            pods = self._pods.setdefault(key[1], {})
+            if event_type == "DELETED":
+                pods.pop(key[2], None)
+            else:
+                pods[key[2]] = _pod_view(body)
         if event_type == "DELETED":
             self._seen.pop(key, None)
             self._applied.pop(key, None)
@@ -116,8 +123,7 @@ class ChildStore:
         fingerprint = _wake_fingerprint(kind, body)
         old = self._seen.get(key)
         state = deployment_state(body) if kind == "Deployment" else None
-        pod = _pod_view(body) if kind == "Pod" else None
-        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state, pod)
+        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state)
         return old is None or old.fingerprint != fingerprint
 
     def record_apply(self, obj: Mapping[str, Any], result: Mapping[str, Any]) -> None:
@@ -139,10 +145,7 @@ class ChildStore:
     def pods(self, namespace: str, labels: Mapping[str, str]) -> list[Mapping[str, Any]]:
         """The watched pods of ``namespace`` that carry all of ``labels``."""
         return [
-            seen.pod
-            for (kind, ns, _), seen in self._seen.items()
-            if kind == "Pod"
-            and ns == namespace
-            and seen.pod is not None
-            and all(seen.pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
+            pod
+            for pod in self._pods.get(namespace, {}).values()
+            if all(pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
         ]

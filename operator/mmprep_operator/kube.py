@@ -8,7 +8,7 @@ loaders (KUBECONFIG or in-cluster), which also refresh expiring tokens.
 Conflicts: server-side apply surfaces a field owned by another manager as ``Conflict``; the
 reconciler then forces only objects its resource controls (see ``applier.ChildApplier.apply``). Creating an
 object that exists returns the existing one; optimistic-concurrency patches (adding an owner to a
-shared probe Job, a status written from the watch's copy of a resource) surface ``Conflict`` for
+shared probe or calibration Job, a status written from the watch's copy of a resource) surface ``Conflict`` for
 the caller to retry.
 """
 
@@ -259,7 +259,7 @@ class RestKubeApi:
                 or {}
             )
         except Conflict:
-            # Another resource with the same probe hash created it first: share it.
+            # Another resource with the same Job name (the same hash) created it first: share it.
             existing = await self.get_job(meta["namespace"], meta["name"])
             if existing is None:
                 raise

@@ -4,8 +4,9 @@ A Deployment only counts ready pods; the reason a pod is not ready is on the pod
 ``PodScheduled=False`` condition (no node has room, none matches), or a container that exited
 with an error and the message it left in its termination log (a runtime that found no CUDA
 device exits ``DeviceFailed``, one whose processor does not load ``LoadFailed``). Pure: pods in,
-one ``PoolProblem`` per pool out; the reconciler lists the pods and ``status.fold`` puts the answer
-into the condition message and ``pools[]``.
+one ``PoolProblem`` per pool out; the reconciler reads the pods as the watch keeps them
+(``children.ChildStore.pods``) and ``status.fold`` puts the answer into the condition message and
+``pools[]``.
 """
 
 from __future__ import annotations

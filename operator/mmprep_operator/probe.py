@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from mmprep_operator import api, jobs, naming, render
 from mmprep_operator.config import OperatorPolicy
-from mmprep_runtime.contract import ContractError, ProbeAnswer
+from mmprep_runtime.contract import ContractError, json_object
 
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
@@ -96,17 +96,17 @@ class ProbeOutcome:
 
 def parse_result(message: str) -> api.ProbeResult:
     """The probe's answer from its termination message. Raises ``ContractError``."""
-    return api.ProbeResult.model_validate(ProbeAnswer.from_message(message).model_dump())
+    return api.ProbeResult.from_message(message)
 
 
 def _failure_detail(messages: Sequence[str]) -> str:
     """Prefer the probe's own JSON error; fall back to the (log) message."""
     for message in messages:
         try:
-            data = json.loads(message)
-        except json.JSONDecodeError:
+            data = json_object(message, "probe output")
+        except ContractError:
             continue
-        if isinstance(data, dict) and data.get("error"):
+        if data.get("error"):
             return jobs.tail(str(data["error"]))
     return jobs.tail(messages[0]) if messages else "no termination message"
 

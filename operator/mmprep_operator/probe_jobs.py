@@ -41,7 +41,7 @@ class ProbeJobs:
         """The probe's state when it needs no API call; None: only its Job can tell."""
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
             if previous.probe.state == "Succeeded" and previous.probe.result is not None:
-                self.remember((owner.namespace, hash_), previous.probe.result)
+                remember(self.cache, (owner.namespace, hash_), previous.probe.result)
                 return previous.probe
             if previous.probe.state == "Failed":
                 # A failed probe stays failed until something it depends on changes (or the user
@@ -63,10 +63,7 @@ class ProbeJobs:
             log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
         outcome = probe.read_outcome(job, pods)
         if outcome.state == "Succeeded" and outcome.result is not None:
-            self.remember((owner.namespace, hash_), outcome.result)
+            remember(self.cache, (owner.namespace, hash_), outcome.result)
         return api.ProbeStatus(
             hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
         )
-
-    def remember(self, key: tuple[str, str], result: api.ProbeResult) -> None:
-        remember(self.cache, key, result)

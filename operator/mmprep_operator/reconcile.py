@@ -37,7 +37,6 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
-import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
@@ -107,8 +106,6 @@ class Reconciler:
     nodes: Callable[[], Iterable[NodeFacts]]
     metrics: Metrics
     clock: Callable[[], dt.datetime] = utcnow
-    #: Names this operator instance in the Events it posts (default: the host, i.e. the pod name).
-    instance: dataclasses.InitVar[str | None] = None
     #: Children as the watch shows them (fed by the controller); lets unchanged applies be skipped.
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
     #: Report a changed decision and leave the applies to a second, less urgent pass (the queue
@@ -133,11 +130,11 @@ class Reconciler:
     #: Per resource, the newest resourceVersion this reconciler read (a GET) or wrote (its status).
     _versions: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self, instance: str | None, events_in_background: bool) -> None:
+    def __post_init__(self, events_in_background: bool) -> None:
         self.probes = ProbeJobs(self.kube, self.policy, self.metrics)
         self.calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
         self.applier = ChildApplier(self.kube, self.children)
-        self.events = EventPoster(self.kube, self.clock, instance or socket.gethostname(), background=events_in_background)
+        self.events = EventPoster(self.kube, self.clock, background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:

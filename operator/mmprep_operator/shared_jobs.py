@@ -37,11 +37,9 @@ def remember(cache: dict[_K, _V], key: _K, value: _V, *, size: int = CACHE_SIZE)
         cache.pop(next(iter(cache)))
 
 
-def created_by(job: Mapping[str, Any], owner: render.Owner) -> bool:
-    """The Job lists ``owner`` as an owner: after ``create_job``, whether this resource created it.
-
-    ``create_job`` answers with the existing Job when another resource won the race to create it.
-    """
+def owned_by(job: Mapping[str, Any], owner: render.Owner) -> bool:
+    """The Job lists ``owner`` as an owner. Right after ``create_job``: whether this resource
+    created it (``create_job`` answers with the existing Job when another resource won the race)."""
     return any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ())
 
 
@@ -49,7 +47,7 @@ async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) 
     """Add the resource as an owner of a Job another resource created (GC needs all owners gone)."""
     meta = job.get("metadata") or {}
     owners = list(meta.get("ownerReferences") or ())
-    if not owner.uid or any(o.get("uid") == owner.uid for o in owners):
+    if not owner.uid or owned_by(job, owner):
         return
     try:
         await kube.set_job_owners(
@@ -74,7 +72,7 @@ async def read_or_create_job(
     created = False
     if job is None:
         job = await kube.create_job(render_job())
-        created = created_by(job, owner)
+        created = owned_by(job, owner)
     if not created:
         await share_job(kube, owner, job)  # a no-op when the resource is an owner already
     pods = await kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -163,7 +163,7 @@ class ProbeAnswer(BaseModel):
         return text
 
     @classmethod
-    def from_message(cls, message: str) -> ProbeAnswer:
+    def from_message(cls, message: str) -> Self:
         """Reads a termination message. Raises ContractError saying what is wrong with it."""
         data = json_object(message, "probe output")
         try:
