@@ -128,7 +128,41 @@ class Report:
     @classmethod
     def from_message(cls, text: str) -> Report:
         """The report as the runtime wrote it; raises ``CalibrationError`` naming what is wrong."""
-        return _parse_message(text)
+        try:
+            data = json_object(text, "calibration output")
+        except ContractError as exc:
+            raise CalibrationError(str(exc)) from None
+        raw_curve = data.get("curve") or []
+        if not isinstance(raw_curve, list):
+            raise CalibrationError("calibration curve is not a list")
+        curve = []
+        for raw in raw_curve:
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("workers"), int):
+                raise CalibrationError(f"calibration curve point is malformed: {raw!r}")
+            curve.append(
+                CurvePoint(
+                    workers=int(raw["workers"]),
+                    req_per_s=_number(raw.get("reqPerS"), "reqPerS") or 0.0,
+                    p50_ms=_number(raw.get("p50Ms"), "p50Ms"),
+                    p99_ms=_number(raw.get("p99Ms"), "p99Ms"),
+                )
+            )
+        chosen = data.get("chosen")
+        if chosen is not None and not is_worker_count(chosen):
+            raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
+        error = data.get("error")
+        if error is None and chosen is None:
+            raise CalibrationError("calibration output has neither a chosen count nor an error")
+        return cls(
+            curve=tuple(curve),
+            chosen=chosen,
+            best=data.get("best") if isinstance(data.get("best"), int) else None,
+            tolerance=_number(data.get("tolerance"), "tolerance") or DEFAULT_TOLERANCE,
+            usable_cpus=data.get("usableCpus") if isinstance(data.get("usableCpus"), int) else None,
+            images=tuple(str(i) for i in data.get("images") or ()),
+            seconds_per_count=_number(data.get("secondsPerCount"), "secondsPerCount"),
+            error=None if error is None else str(error),
+        )
 
 
 def _number(value: Any, what: str) -> float | None:
@@ -137,41 +171,3 @@ def _number(value: Any, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CalibrationError(f"{what} must be a number, got {value!r}")
     return float(value)
-
-
-def _parse_message(text: str) -> Report:
-    try:
-        data = json_object(text, "calibration output")
-    except ContractError as exc:
-        raise CalibrationError(str(exc)) from None
-    raw_curve = data.get("curve") or []
-    if not isinstance(raw_curve, list):
-        raise CalibrationError("calibration curve is not a list")
-    curve = []
-    for raw in raw_curve:
-        if not isinstance(raw, Mapping) or not isinstance(raw.get("workers"), int):
-            raise CalibrationError(f"calibration curve point is malformed: {raw!r}")
-        curve.append(
-            CurvePoint(
-                workers=int(raw["workers"]),
-                req_per_s=_number(raw.get("reqPerS"), "reqPerS") or 0.0,
-                p50_ms=_number(raw.get("p50Ms"), "p50Ms"),
-                p99_ms=_number(raw.get("p99Ms"), "p99Ms"),
-            )
-        )
-    chosen = data.get("chosen")
-    if chosen is not None and not is_worker_count(chosen):
-        raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
-    error = data.get("error")
-    if error is None and chosen is None:
-        raise CalibrationError("calibration output has neither a chosen count nor an error")
-    return Report(
-        curve=tuple(curve),
-        chosen=chosen,
-        best=data.get("best") if isinstance(data.get("best"), int) else None,
-        tolerance=_number(data.get("tolerance"), "tolerance") or DEFAULT_TOLERANCE,
-        usable_cpus=data.get("usableCpus") if isinstance(data.get("usableCpus"), int) else None,
-        images=tuple(str(i) for i in data.get("images") or ()),
-        seconds_per_count=_number(data.get("secondsPerCount"), "secondsPerCount"),
-        error=None if error is None else str(error),
-    )

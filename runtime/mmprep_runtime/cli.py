@@ -11,15 +11,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mmprep_runtime import contract, exits, sizing
+from mmprep_runtime import exits, sizing
 
 EXIT_USAGE = exits.EXIT_USAGE
 
 
 def _worker_count(text: str) -> int:
     try:
-        return contract.parse_worker_count("the count", text)
-    except contract.ContractError as exc:
+        return sizing.parse_worker_count("the count", text)
+    except sizing.WorkerCountError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

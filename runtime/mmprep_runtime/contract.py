@@ -21,7 +21,7 @@ from typing import Any, Final, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mmprep_runtime.exits import TERMINATION_MESSAGE_MAX_BYTES
-from mmprep_runtime.sizing import Path, Reason, WorkerCountError, check_worker_count
+from mmprep_runtime.sizing import Path, Reason, WorkerCountError, parse_worker_count
 
 # ------------------------------------------------------------------------------------ environment
 
@@ -87,25 +87,13 @@ class PoolDecisionEnv:
         device = environ[ENV_DEVICE].strip().lower()
         if device not in ("cpu", "cuda"):
             raise ContractError(f"{ENV_DEVICE} must be cpu or cuda in the operator's decision; got {device!r}")
-        return cls(
-            pool=pool,
-            path=Path.GPU if device == "cuda" else Path.CPU,
-            processor_workers=parse_worker_count(ENV_PROCESSOR_WORKERS, environ[ENV_PROCESSOR_WORKERS]),
-            io_workers=parse_worker_count(ENV_IO_WORKERS, environ[ENV_IO_WORKERS]),
-            reason=reason,
-        )
-
-
-def parse_worker_count(name: str, text: str) -> int:
-    """A worker count written as text (env, flag). Raises ContractError naming ``name``."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ContractError(f"{name} must be an integer, got {text!r}") from None
-    try:
-        return check_worker_count(name, value)
-    except WorkerCountError as exc:
-        raise ContractError(str(exc)) from None
+        try:
+            processor_workers = parse_worker_count(ENV_PROCESSOR_WORKERS, environ[ENV_PROCESSOR_WORKERS])
+            io_workers = parse_worker_count(ENV_IO_WORKERS, environ[ENV_IO_WORKERS])
+        except WorkerCountError as exc:
+            raise ContractError(str(exc)) from None
+        path = Path.GPU if device == "cuda" else Path.CPU
+        return cls(pool=pool, path=path, processor_workers=processor_workers, io_workers=io_workers, reason=reason)
 
 
 # ---------------------------------------------------------------------------------- probe answer

@@ -154,7 +154,7 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
     try:
         engine, admission, reason = state.engine, state.admission, not_ready_reason(state)
         if reason is not None or engine is None or admission is None:
-            raise errors.NotReady(f"not ready: {reason}")
+            raise errors.NotReady(f"not ready: {reason or 'the processor is loading'}")
         if not admission.try_enter():
             retry = state.settings.load.retry_after_s
             raise errors.Overloaded(

@@ -61,7 +61,7 @@ class Metrics:
             registry=r,
         )
         self.clone_seconds = Gauge(
-            "mmprep_clone_seconds", "Seconds the startup probe's deep copy of the processor took", registry=r
+            "mmprep_clone_seconds", "Seconds the start-up clone trial's deep copy of the processor took", registry=r
         )
         self.worker_clone_seconds = Histogram(
             "mmprep_worker_clone_seconds",

@@ -70,8 +70,7 @@ async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None,
     exit_code = 0
     if state.startup_error is not None:
         exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
-        if termination_log:
-            exits.write_termination_message(termination_log, str(state.startup_error))
+        exits.write_termination_message(termination_log, str(state.startup_error))
     logger.info(
         "shutting down: refusing new requests, finishing %d in flight", state.admission.in_flight if state.admission else 0
     )
@@ -110,8 +109,7 @@ def main(args: argparse.Namespace) -> int:
         cuda.device_index(os.environ)
     except (SettingsError, cuda.CudaUnavailable) as exc:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
-        if args.termination_log:
-            exits.write_termination_message(args.termination_log, str(exc))
+        exits.write_termination_message(args.termination_log, str(exc))
         return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
     code = run_event_loop(run_server(settings, termination_log=args.termination_log))
     if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):

@@ -24,7 +24,6 @@ from mmprep_runtime.contract import (
     ENV_PROCESSOR_WORKERS,
     ContractError,
     PoolDecisionEnv,
-    parse_worker_count,
 )
 from mmprep_runtime.loading import ModelSettings
 
@@ -122,8 +121,8 @@ def _env_count(environ: Mapping[str, str], name: str) -> int | None:
     if not text:
         return None
     try:
-        return parse_worker_count(name, text)
-    except ContractError as exc:
+        return sizing.parse_worker_count(name, text)
+    except sizing.WorkerCountError as exc:
         raise SettingsError(str(exc)) from None
 
 

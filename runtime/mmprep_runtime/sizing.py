@@ -120,15 +120,14 @@ class WorkerDecision:
         head = f"{self.path.value} path, {self.processor_workers} worker{plural}, {self.reason.value}"
         return f"{head}: {self.detail}" if self.detail else head
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "path": self.path.value,
-            "processorWorkers": self.processor_workers,
-            "ioWorkers": self.io_workers,
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "explicitNotHonoured": self.explicit_not_honoured,
-        }
+
+def parse_worker_count(name: str, text: str) -> int:
+    """A worker count written as text (env, flag). Raises WorkerCountError naming ``name``."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise WorkerCountError(f"{name} must be an integer, got {text!r}") from None
+    return check_worker_count(name, value)
 
 
 def _optional_count(name: str, value: int | None) -> int | None:
@@ -159,7 +158,7 @@ def decide_workers(
     ``measured`` is what a calibration run on the pool's own hardware chose: a measurement beats
     the path rules (they are defaults derived from other machines), but not what a person asked
     for. ``declared`` is what the model's own config says it measured. ``cloneable_error`` only
-    enriches the message of the NotCloneable case.
+    enriches the NotCloneable case's detail.
     """
     path = Path(path)
     explicit = _optional_count("explicit processor workers", explicit)

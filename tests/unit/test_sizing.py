@@ -79,10 +79,12 @@ def test_unknown_device_is_refused():
     assert Device("cuda") is Device.CUDA and Backend("pil") is Backend.PIL
 
 
-def test_policy_imports_without_torch_or_transformers():
+@pytest.mark.parametrize("module", ["mmprep_runtime.sizing", "mmprep_runtime.cli"])
+def test_sizing_and_the_command_line_import_without_heavy_libraries(module: str) -> None:
+    # The CLI answers --help and argument errors before any command imports its libraries.
     code = (
-        "import sys, mmprep_runtime.sizing\n"
-        "heavy = {'torch', 'transformers', 'torchvision', 'PIL'} & set(sys.modules)\n"
+        f"import sys, {module}\n"
+        "heavy = {'torch', 'transformers', 'torchvision', 'PIL', 'pydantic'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
