@@ -39,6 +39,7 @@ err=$(mktemp)
 trap 'rm -f "$err"' EXIT
 for node in "${todo[@]}"; do
   start=$SECONDS
+  : >"$err" # this node's errors only
   free_mb=$(df -Pm "$root" | awk 'NR == 2 { print $4 }')
   [ "$free_mb" -ge "$need_mb" ] ||
     kdie "not enough disk to load $image into $node: $free_mb MB free under $root, about $need_mb MB needed"

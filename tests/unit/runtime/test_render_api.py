@@ -23,8 +23,6 @@ from mmprep_runtime import http_api, loading, testing_media
 from mmprep_runtime.settings import FetchSettings, Limits, RenderSettings, ServeSettings, parse_networks
 from mmprep_runtime.sizing import Device
 
-TIMEOUT = 60
-
 
 def _data_uri(data: bytes, media_type: str = "image/jpeg") -> str:
     return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
