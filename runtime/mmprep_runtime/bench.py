@@ -251,16 +251,7 @@ def measure_pool(running: engine.Engine, job: Callable[[Any], object], duration:
             raise RuntimeError("the benchmark jobs did not finish")
         seconds = time.perf_counter() - started_at[0]
         cpu = _cpu_seconds() - cpu0
-    return Measurement(
-        f"pool-{pool.workers}",
-        pool.workers,
-        running.intra_op_threads,
-        len(latencies),
-        seconds,
-        latencies,
-        cpu,
-        _rss_bytes(),
-    )
+    return _engine_measurement("pool", running, latencies, seconds, cpu)
 
 
 def request_body(api: str, size: tuple[int, int], *, seed: int = 0) -> bytes:
@@ -319,15 +310,14 @@ def measure_served(running: engine.Engine, api: Any, body: bytes, duration: floa
         cpu0 = _cpu_seconds()
         seconds = asyncio.run(load())
         cpu = _cpu_seconds() - cpu0
+    return _engine_measurement("served", running, latencies, seconds, cpu)
+
+
+def _engine_measurement(kind: str, running: engine.Engine, latencies: list[float], seconds: float, cpu: float) -> Measurement:
+    """A run through ``running``'s pool, labelled ``kind-<workers>``."""
+    workers = running.pool.workers
     return Measurement(
-        f"served-{running.pool.workers}",
-        running.pool.workers,
-        running.intra_op_threads,
-        len(latencies),
-        seconds,
-        latencies,
-        cpu,
-        _rss_bytes(),
+        f"{kind}-{workers}", workers, running.intra_op_threads, len(latencies), seconds, latencies, cpu, _rss_bytes()
     )
 
 
