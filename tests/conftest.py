@@ -23,6 +23,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.kube import HACK, REPO, Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
+from support.tier_times import TierTimes
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierTimes(), "mmprep-tier-times")
 
 # ---------------------------------------------------------------------------------------- cluster
 

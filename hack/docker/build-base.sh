@@ -18,12 +18,7 @@ if docker image inspect "$LOCAL_BASE_IMAGE" >/dev/null 2>&1; then exit 0; fi
 
 if [ ! -s "$TARBALL" ]; then
   [ "$(id -u)" = 0 ] || die "debootstrap needs root"
-  if ! command -v debootstrap >/dev/null; then
-    command -v apt-get >/dev/null || die "debootstrap is not installed and apt-get is not available"
-    log "installing debootstrap from Debian"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >/dev/null \
-      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >/dev/null; }
-  fi
+  "$(dirname "$0")/../system-packages.sh" debootstrap
   mkdir -p "$DOCKER_CACHE"
   root=$(mktemp -d "$DOCKER_CACHE/rootfs.XXXXXX")
   trap 'rm -rf "$root"' EXIT

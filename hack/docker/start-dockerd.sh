@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure a Docker engine answers; installs (Debian's docker.io) and starts dockerd if needed.
+# Makes sure a Docker engine answers; installs (hack/system-packages.txt: docker) and starts dockerd if needed.
 #
 # Idempotent: when `docker info` already works it only makes sure of the runc wrapper below. Starting
 # dockerd needs root; on machines without systemd we start it directly and leave it running for
@@ -30,9 +30,9 @@ needs_wrapper() {
 write_config() {  # our daemon.json: a bounded BuildKit cache (+ the wrapper runtime where needed)
   local runtime=""
   if needs_wrapper; then
+    "$here/../system-packages.sh" docker
     local real; real=$(PATH=/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin command -v runc) \
-      || die "runc is not installed (Debian: apt-get install runc)"
-    command -v jq >/dev/null || die "jq is needed by the runc wrapper (apt-get install jq)"
+      || die "runc is not on PATH although Debian's runc is installed"
     sed "s|@REAL_RUNC@|$real|" "$here/runc-dropcaps" >"$wrapper.tmp"
     chmod 0755 "$wrapper.tmp"; mv "$wrapper.tmp" "$wrapper"
     runtime=$(printf ', "runtimes": {"%s": {"path": "%s"}}, "default-runtime": "%s"' "$WRAPPER_RUNTIME" "$wrapper" "$WRAPPER_RUNTIME")
@@ -66,11 +66,8 @@ fi
 [ "$(id -u)" = 0 ] || die "no Docker engine answers and starting one needs root"
 if ! command -v dockerd >/dev/null; then
   [ "${MMPREP_INSTALL_DOCKER:-1}" = 1 ] || die "dockerd is not installed (MMPREP_INSTALL_DOCKER=0)"
-  command -v apt-get >/dev/null || die "dockerd is not installed and apt-get is not available"
-  log "installing docker.io, debootstrap and jq from Debian"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io debootstrap jq >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io debootstrap jq >/dev/null; }
 fi
+"$here/../system-packages.sh" docker
 mkdir -p "$DOCKER_CACHE"
 if ! pgrep -x dockerd >/dev/null; then
   # An existing /etc/docker/daemon.json wins (and then the engine is the machine owner's to set up).

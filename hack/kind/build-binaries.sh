@@ -12,6 +12,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
+# runc and pause are cgo/C builds: their compiler and headers (libseccomp) come from Debian.
+"$here/../system-packages.sh" cgo
 # Concurrent runs (the node image build and CI) wait for each other instead of building twice.
 mkdir -p "$KIND_CACHE"; exec 9>"$KIND_CACHE/.build-binaries.lock"; flock 9
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
