@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mmprep_operator import __version__, api, crd, rbac, yamlio
-from mmprep_operator.config import (
+from mmprep_operator import __version__, api, yamlio
+from mmprep_operator.api import crd, rbac
+from mmprep_operator.api.policy import (
     DEFAULT_LIVENESS_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_URGENT_WORKERS,
@@ -67,7 +68,7 @@ def _load_resource(path: str) -> tuple[dict[str, Any], api.MultimodalPreprocesso
 
 
 def _load_nodes(path: str) -> list[Any]:
-    from mmprep_operator.nodes import node_facts
+    from mmprep_operator.logic.nodes import node_facts
 
     try:
         objects = yamlio.load_objects(_read(path))
@@ -80,7 +81,7 @@ def _load_nodes(path: str) -> list[Any]:
 
 
 def _load_probe(path: str | None) -> tuple[api.ProbeResult, bool]:
-    from mmprep_operator.probe import parse_result
+    from mmprep_operator.logic.probe import parse_result
 
     if path is None:
         return api.ProbeResult.model_validate(ASSUMED_PROBE), True
@@ -98,9 +99,9 @@ def _policy(path: str | None) -> OperatorPolicy:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from mmprep_operator import probe, render
-    from mmprep_operator.decide import sentence
-    from mmprep_operator.plan import make_plan
+    from mmprep_operator.logic import probe, render
+    from mmprep_operator.logic.decide import sentence
+    from mmprep_operator.logic.plan import make_plan
 
     body, spec = _load_resource(args.file)
     nodes = _load_nodes(args.nodes)
@@ -131,11 +132,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import kopf
 
     from mmprep_operator import logs
-    from mmprep_operator.controller import Controller
-    from mmprep_operator.handlers import build_registry
+    from mmprep_operator.control.controller import Controller
+    from mmprep_operator.control.handlers import build_registry
+    from mmprep_operator.control.metrics import Metrics
+    from mmprep_operator.control.state import OperatorState
     from mmprep_operator.kube import load_configuration
-    from mmprep_operator.metrics import Metrics
-    from mmprep_operator.state import OperatorState
 
     policy = _policy(args.policy_file)
     try:

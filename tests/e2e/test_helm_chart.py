@@ -97,7 +97,7 @@ def test_operator_arguments_are_accepted_by_the_operator_cli() -> None:
 
 
 def test_policy_values_are_accepted_by_the_operators_policy_parser(tmp_path: Path) -> None:
-    from mmprep_operator.config import load_policy
+    from mmprep_operator.api.policy import load_policy
 
     values = {
         "runtimeImage": {"repository": "registry.example/mmprep-runtime", "tag": "1.2.3", "pullPolicy": "Always"},
@@ -132,7 +132,7 @@ def test_policy_values_are_accepted_by_the_operators_policy_parser(tmp_path: Pat
 
 
 def test_runtime_image_defaults_to_the_chart_app_version() -> None:
-    from mmprep_operator.config import OperatorPolicy
+    from mmprep_operator.api.policy import OperatorPolicy
 
     configmap = one(template(), "ConfigMap", "-policy")
     data = yaml.safe_load(configmap["data"]["policy.yaml"])
@@ -226,7 +226,7 @@ def test_crds_in_the_chart_are_what_the_models_generate() -> None:
 
 
 def test_runtime_service_monitor_selects_the_services_the_operator_renders() -> None:
-    from mmprep_operator import render
+    from mmprep_operator.logic import render
 
     rendered = template({"serviceMonitor": {"enabled": True}})
     monitor = one(rendered, "ServiceMonitor", "-runtime")

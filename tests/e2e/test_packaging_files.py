@@ -47,7 +47,7 @@ def test_dockerfile_pulls_no_frontend_and_has_no_architecture_specific_step() ->
 
 
 def test_final_stages_run_as_the_uid_the_operator_renders() -> None:
-    from mmprep_operator import render
+    from mmprep_operator.logic import render
 
     users = re.findall(r"^USER (\S+)", DOCKERFILE, re.MULTILINE)
     assert users == [f"{render.RUN_AS}:{render.RUN_AS}"] * 2

@@ -166,7 +166,7 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
     it does not overwrite an object another owner controls, and reports NameConflict instead."""
     from chart_cluster import make_spec
 
-    from mmprep_operator import render
+    from mmprep_operator.logic import render
 
     name = "takeover"
     owner = render.Owner(name=name, namespace=namespace)

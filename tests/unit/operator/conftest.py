@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mmprep_operator import api
-from mmprep_operator.nodes import NodeFacts, node_facts
+from mmprep_operator.logic.nodes import NodeFacts, node_facts
 
 DATA = pathlib.Path(__file__).parent / "data"
 

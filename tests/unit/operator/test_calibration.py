@@ -9,10 +9,11 @@ import pytest
 from conftest import H200, make_node
 from fake_kube import FakeKubeApi
 
-from mmprep_operator import api, calibration, pools
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.reconcile import Reconciler
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Reconciler
+from mmprep_operator.logic import calibration, pools
 from mmprep_runtime.calibration import CurvePoint, Report
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
@@ -278,7 +279,7 @@ async def test_the_recalibrate_annotation_measures_again() -> None:
 
 
 def test_the_operator_hears_calibration_jobs_as_it_hears_probes() -> None:
-    from mmprep_operator import handlers
+    from mmprep_operator.control import handlers
 
     admits = handlers._JOB_LABELS["app.kubernetes.io/component"]
     assert admits("calibration") and admits("probe")

@@ -7,9 +7,10 @@ import pathlib
 import pytest
 import yaml
 
-from mmprep_operator import naming, rbac
+from mmprep_operator.api import rbac
+from mmprep_operator.api.policy import PolicyError, load_policy
 from mmprep_operator.cli import build_parser
-from mmprep_operator.config import PolicyError, load_policy
+from mmprep_operator.logic import naming
 
 
 def test_policy_file_with_overrides_and_probe_defaults(tmp_path: pathlib.Path) -> None:

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import yaml
 
-from mmprep_operator import crd
+from mmprep_operator.api import crd
 from mmprep_operator.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

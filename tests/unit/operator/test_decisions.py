@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import GB300, H100_MIG, H200, gpu_spec, make_node, make_spec, probe_result
 
-from mmprep_operator import decide, pools
 from mmprep_operator.api import WorkerOverride
+from mmprep_operator.logic import decide, pools
 from mmprep_runtime.sizing import Path, Reason
 
 

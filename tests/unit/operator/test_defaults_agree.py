@@ -6,17 +6,18 @@ import pathlib
 
 import yaml
 
-from mmprep_operator import cli, config
-from mmprep_operator.config import OperatorPolicy, load_policy
-from mmprep_operator.controller import Controller
-from mmprep_operator.metrics import Metrics
+from mmprep_operator import cli
+from mmprep_operator.api import policy
+from mmprep_operator.api.policy import OperatorPolicy, load_policy
+from mmprep_operator.control.controller import Controller
+from mmprep_operator.control.metrics import Metrics
 
 
 def test_the_run_command_and_a_bare_controller_use_the_same_worker_counts() -> None:
     args = cli.build_parser().parse_args(["run"])
     controller = Controller(metrics=Metrics())
     assert (args.workers, args.urgent_workers) == (controller.workers, controller.urgent_workers)
-    assert (args.workers, args.urgent_workers) == (config.DEFAULT_WORKERS, config.DEFAULT_URGENT_WORKERS)
+    assert (args.workers, args.urgent_workers) == (policy.DEFAULT_WORKERS, policy.DEFAULT_URGENT_WORKERS)
 
 
 def test_a_bare_controller_resyncs_as_often_as_the_default_policy_says() -> None:
@@ -26,7 +27,7 @@ def test_a_bare_controller_resyncs_as_often_as_the_default_policy_says() -> None
 
 def test_the_run_command_says_the_defaults_it_uses() -> None:
     args = cli.build_parser().parse_args(["run"])
-    assert (args.metrics_port, args.liveness_port) == (config.DEFAULT_METRICS_PORT, config.DEFAULT_LIVENESS_PORT)
+    assert (args.metrics_port, args.liveness_port) == (policy.DEFAULT_METRICS_PORT, policy.DEFAULT_LIVENESS_PORT)
     run_help = next(
         action.choices["run"].format_help() for action in cli.build_parser()._actions if getattr(action, "choices", None)
     )
@@ -43,6 +44,6 @@ def test_the_charts_defaults_are_the_operators() -> None:
     chart = pathlib.Path(__file__).resolve().parents[3] / "charts" / "mmprep" / "values.yaml"
     values = yaml.safe_load(chart.read_text())
     operator = values["operator"]
-    assert (operator["workers"], operator["urgentWorkers"]) == (config.DEFAULT_WORKERS, config.DEFAULT_URGENT_WORKERS)
-    assert (operator["metricsPort"], operator["livenessPort"]) == (config.DEFAULT_METRICS_PORT, config.DEFAULT_LIVENESS_PORT)
-    assert values["policy"]["resyncSeconds"] == config.DEFAULT_RESYNC_SECONDS
+    assert (operator["workers"], operator["urgentWorkers"]) == (policy.DEFAULT_WORKERS, policy.DEFAULT_URGENT_WORKERS)
+    assert (operator["metricsPort"], operator["livenessPort"]) == (policy.DEFAULT_METRICS_PORT, policy.DEFAULT_LIVENESS_PORT)
+    assert values["policy"]["resyncSeconds"] == policy.DEFAULT_RESYNC_SECONDS

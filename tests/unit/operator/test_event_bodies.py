@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from mmprep_operator import api, render, status
+from mmprep_operator import api
+from mmprep_operator.logic import render, status
 
 OWNER = render.Owner(name="m", namespace="ns", uid="uid-1")
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)

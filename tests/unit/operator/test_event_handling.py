@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from conftest import H200
 
-from mmprep_operator.controller import Controller
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.reconcile import Outcome
-from mmprep_operator.workqueue import URGENT, Backoff, WorkQueue
+from mmprep_operator.control.controller import Controller
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Outcome
+from mmprep_operator.control.workqueue import URGENT, Backoff, WorkQueue
 
 
 def node(labels: dict, heartbeat: str = "t0", gpus: str = "8") -> dict:

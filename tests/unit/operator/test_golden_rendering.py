@@ -13,10 +13,11 @@ import pytest
 import yaml
 from conftest import DATA
 
-from mmprep_operator import api, probe, render, yamlio
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.nodes import node_facts
-from mmprep_operator.plan import make_plan
+from mmprep_operator import api, yamlio
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import probe, render
+from mmprep_operator.logic.nodes import node_facts
+from mmprep_operator.logic.plan import make_plan
 
 GOLDEN = DATA / "golden"
 CASES = {

@@ -8,11 +8,11 @@ import pathlib
 import kopf
 import yaml
 
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.controller import Controller
-from mmprep_operator.handlers import build_registry
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.state import OperatorState
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.controller import Controller
+from mmprep_operator.control.handlers import build_registry
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.state import OperatorState
 
 
 def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() -> None:

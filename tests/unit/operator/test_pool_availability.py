@@ -11,12 +11,14 @@ from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
 from pydantic import ValidationError
 
-from mmprep_operator import api, crd, podstates, render
-from mmprep_operator.children import ChildStore
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.plan import make_plan
-from mmprep_operator.reconcile import Reconciler
+from mmprep_operator import api
+from mmprep_operator.api import crd
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.children import ChildStore
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Reconciler
+from mmprep_operator.logic import podstates, render
+from mmprep_operator.logic.plan import make_plan
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
 GPU = {"limits": {"nvidia.com/gpu": 1}}

@@ -18,7 +18,7 @@ from conftest import (
     make_spec,
 )
 
-from mmprep_operator import gpus, pools
+from mmprep_operator.logic import gpus, pools
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import json
 
 from conftest import DATA, gpu_spec, make_spec
 
-from mmprep_operator import probe
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import probe
 
 POLICY = OperatorPolicy()
 

@@ -12,11 +12,11 @@ import pytest
 from conftest import GB300, H200, make_node
 from fake_kube import FakeKubeApi
 
-from mmprep_operator import pools
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Reconciler
 from mmprep_operator.kube import ApiError, Conflict
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.reconcile import Reconciler
+from mmprep_operator.logic import pools
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "declared_workers": 2, "processor_class": "P"})
 GPU_SPEC = {"model": {"path": "/models/m"}, "replicas": 3, "resources": {"limits": {"nvidia.com/gpu": 1}}}
@@ -311,7 +311,7 @@ async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(clus
 
 def test_the_probe_cache_is_bounded(cluster: Cluster) -> None:
     from mmprep_operator.api import ProbeResult
-    from mmprep_operator.shared_jobs import CACHE_SIZE, remember
+    from mmprep_operator.control.shared_jobs import CACHE_SIZE, remember
 
     result = ProbeResult(cloneable=True)
     probes = cluster.reconciler.probes

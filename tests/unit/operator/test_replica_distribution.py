@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmprep_operator.replicas import distribute
+from mmprep_operator.logic.replicas import distribute
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,11 @@ import yaml
 from conftest import DATA
 from pydantic import ValidationError
 
-from mmprep_operator import api, render, yamlio
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.nodes import node_facts
-from mmprep_operator.plan import make_plan
+from mmprep_operator import api, yamlio
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import render
+from mmprep_operator.logic.nodes import node_facts
+from mmprep_operator.logic.plan import make_plan
 
 
 def _objects(**spec_fields: Any) -> dict[str, dict[str, Any]]:

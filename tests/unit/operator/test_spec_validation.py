@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from mmprep_operator import api, crd
+from mmprep_operator import api
+from mmprep_operator.api import crd
 
 
 def cel_messages() -> set[str]:

@@ -6,7 +6,8 @@ import datetime as dt
 
 from conftest import H200, gpu_spec, make_node, probe_result
 
-from mmprep_operator import api, decide, pools, render, status
+from mmprep_operator import api
+from mmprep_operator.logic import decide, pools, render, status
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)

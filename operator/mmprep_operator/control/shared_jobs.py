@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
-from mmprep_operator import jobs, render
 from mmprep_operator.kube import Conflict, KubeApi
+from mmprep_operator.logic import jobs, render
 
 log = logging.getLogger("mmprep.operator.shared_jobs")
 

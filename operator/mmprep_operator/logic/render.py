@@ -12,10 +12,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_operator import api, naming
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.decide import PoolDecision
-from mmprep_operator.pools import ARCH_LABEL, ARM64, Pool, pool_arch
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import naming
+from mmprep_operator.logic.decide import PoolDecision
+from mmprep_operator.logic.pools import ARCH_LABEL, ARM64, Pool, pool_arch
 from mmprep_runtime.contract import PoolDecisionEnv
 
 MANAGED_BY: Final = "mmprep-operator"

@@ -28,9 +28,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_operator import api, jobs, naming, render
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.pools import Pool
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import jobs, naming, render
+from mmprep_operator.logic.pools import Pool
 from mmprep_runtime import calibration as runtime_calibration
 from mmprep_runtime.sizing import Reason, WorkerDecision
 

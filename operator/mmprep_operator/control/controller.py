@@ -30,14 +30,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, naming, probe, render
-from mmprep_operator.children import ChildStore
-from mmprep_operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_URGENT_WORKERS, DEFAULT_WORKERS
+from mmprep_operator import api
+from mmprep_operator.api.policy import DEFAULT_RESYNC_SECONDS, DEFAULT_URGENT_WORKERS, DEFAULT_WORKERS
+from mmprep_operator.control.children import ChildStore
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Outcome, Reconciler
+from mmprep_operator.control.workqueue import URGENT, Backoff, WorkQueue
 from mmprep_operator.kube import ApiError
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.nodes import NodeFacts, eligible, node_facts
-from mmprep_operator.reconcile import Outcome, Reconciler
-from mmprep_operator.workqueue import URGENT, Backoff, WorkQueue
+from mmprep_operator.logic import naming, probe, render
+from mmprep_operator.logic.nodes import NodeFacts, eligible, node_facts
 
 log = logging.getLogger("mmprep.operator.controller")
 

@@ -20,11 +20,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mmprep_operator import api, calibration, pools, render, status
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.shared_jobs import read_or_create_job, remember
 from mmprep_operator.kube import KubeApi
-from mmprep_operator.plan import Plan
-from mmprep_operator.shared_jobs import read_or_create_job, remember
+from mmprep_operator.logic import calibration, pools, render, status
+from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.calibration_jobs")
 

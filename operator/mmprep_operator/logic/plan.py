@@ -10,11 +10,12 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mmprep_operator import api, pools, render, replicas
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.decide import PoolDecision, decide_pool
-from mmprep_operator.nodes import NodeFacts
-from mmprep_operator.status import Problem
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import pools, render, replicas
+from mmprep_operator.logic.decide import PoolDecision, decide_pool
+from mmprep_operator.logic.nodes import NodeFacts
+from mmprep_operator.logic.status import Problem
 
 
 @dataclasses.dataclass(frozen=True)

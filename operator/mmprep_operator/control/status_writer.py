@@ -19,10 +19,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mmprep_operator import api, render, status
-from mmprep_operator.event_poster import EventPoster
+from mmprep_operator import api
+from mmprep_operator.control.event_poster import EventPoster
+from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.kube import Conflict, KubeApi
-from mmprep_operator.metrics import Metrics
+from mmprep_operator.logic import render, status
 
 log = logging.getLogger("mmprep.operator.status_writer")
 

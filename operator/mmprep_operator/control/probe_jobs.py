@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from mmprep_operator import api, probe, render
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.shared_jobs import read_or_create_job, remember
 from mmprep_operator.kube import KubeApi
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.shared_jobs import read_or_create_job, remember
+from mmprep_operator.logic import probe, render
 
 log = logging.getLogger("mmprep.operator.probe_jobs")
 

@@ -17,13 +17,14 @@ from typing import Any, Final
 
 import kopf
 
-from mmprep_operator import api, render
-from mmprep_operator.calibration import LABEL_COMPONENT_CALIBRATION
-from mmprep_operator.controller import Controller, nodes_from_index
+from mmprep_operator import api
+from mmprep_operator.control.controller import Controller, nodes_from_index
+from mmprep_operator.control.state import OperatorState
 from mmprep_operator.kube import bearer_token, load_configuration
-from mmprep_operator.nodes import node_facts
-from mmprep_operator.probe import LABEL_COMPONENT_PROBE
-from mmprep_operator.state import OperatorState
+from mmprep_operator.logic import render
+from mmprep_operator.logic.calibration import LABEL_COMPONENT_CALIBRATION
+from mmprep_operator.logic.nodes import node_facts
+from mmprep_operator.logic.probe import LABEL_COMPONENT_PROBE
 
 _CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
 _JOB_COMPONENTS = (LABEL_COMPONENT_CALIBRATION, LABEL_COMPONENT_PROBE)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_operator import api, render
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import render
 
 _MESSAGE_TAIL: Final = 600
 

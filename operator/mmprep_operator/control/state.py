@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.controller import Controller
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.controller import Controller
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.reconcile import Reconciler
 from mmprep_operator.kube import RestKubeApi
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.nodes import NodeFacts
-from mmprep_operator.reconcile import Reconciler
+from mmprep_operator.logic.nodes import NodeFacts
 
 
 @dataclasses.dataclass

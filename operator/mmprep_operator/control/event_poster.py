@@ -21,8 +21,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from mmprep_operator import render, status
 from mmprep_operator.kube import ApiError, KubeApi
+from mmprep_operator.logic import render, status
 
 log = logging.getLogger("mmprep.operator.event_poster")
 

@@ -18,8 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from mmprep_operator import api, jobs, naming, render
-from mmprep_operator.config import OperatorPolicy
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import jobs, naming, render
 from mmprep_runtime.contract import ContractError, json_object
 
 LABEL_COMPONENT_PROBE: Final = "probe"

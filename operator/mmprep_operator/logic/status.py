@@ -21,10 +21,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from mmprep_operator import api, render
-from mmprep_operator.decide import PoolDecision, sentence
-from mmprep_operator.naming import short_hash
-from mmprep_operator.pools import pool_arch
+from mmprep_operator import api
+from mmprep_operator.logic import render
+from mmprep_operator.logic.decide import PoolDecision, sentence
+from mmprep_operator.logic.naming import short_hash
+from mmprep_operator.logic.pools import pool_arch
 
 READY, PROBED, CLONEABLE, DEGRADED = "Ready", "Probed", "Cloneable", "Degraded"
 CONDITION_TYPES = (READY, PROBED, CLONEABLE, DEGRADED)

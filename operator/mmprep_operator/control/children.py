@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mmprep_operator.status import DeploymentState
+from mmprep_operator.logic.status import DeploymentState
 
 ChildKey = tuple[str, str, str]  # (kind, namespace, name)
 

@@ -42,18 +42,19 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from mmprep_operator import api, calibration, naming, podstates, pools, probe, render, status
-from mmprep_operator.applier import ChildApplier
-from mmprep_operator.calibration_jobs import CalibrationJobs
-from mmprep_operator.children import ChildStore
-from mmprep_operator.config import OperatorPolicy
-from mmprep_operator.event_poster import DRAIN_SECONDS, EventPoster, utcnow
+from mmprep_operator import api
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control.applier import ChildApplier
+from mmprep_operator.control.calibration_jobs import CalibrationJobs
+from mmprep_operator.control.children import ChildStore
+from mmprep_operator.control.event_poster import DRAIN_SECONDS, EventPoster, utcnow
+from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.probe_jobs import ProbeJobs
+from mmprep_operator.control.status_writer import StatusWriter
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.metrics import Metrics
-from mmprep_operator.nodes import NodeFacts
-from mmprep_operator.plan import Plan, make_plan
-from mmprep_operator.probe_jobs import ProbeJobs
-from mmprep_operator.status_writer import StatusWriter
+from mmprep_operator.logic import calibration, naming, podstates, pools, probe, render, status
+from mmprep_operator.logic.nodes import NodeFacts
+from mmprep_operator.logic.plan import Plan, make_plan
 
 log = logging.getLogger("mmprep.operator.reconcile")
 

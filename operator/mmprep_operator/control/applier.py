@@ -23,10 +23,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from mmprep_operator import children, render, status
-from mmprep_operator.children import ChildStore
+from mmprep_operator.control import children
+from mmprep_operator.control.children import ChildStore
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
-from mmprep_operator.plan import Plan
+from mmprep_operator.logic import render, status
+from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.applier")
 

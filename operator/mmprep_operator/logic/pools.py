@@ -24,9 +24,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mmprep_operator import gpus, naming
 from mmprep_operator.api import MultimodalPreprocessorSpec
-from mmprep_operator.nodes import NodeFacts, eligible
+from mmprep_operator.logic import gpus, naming
+from mmprep_operator.logic.nodes import NodeFacts, eligible
 
 CPU_POOL = "cpu"
 ARCH_LABEL = "kubernetes.io/arch"

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from mmprep_operator.api import MultimodalPreprocessorSpec, ProbeResult, WorkerOverride
-from mmprep_operator.pools import Pool
+from mmprep_operator.logic.pools import Pool
 from mmprep_runtime.sizing import Device, Path, Reason, WorkerDecision, decide_path, decide_workers, is_worker_count
 
 
