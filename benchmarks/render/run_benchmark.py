@@ -37,7 +37,9 @@ from typing import Any
 import msgpack
 import psutil
 
-from mmprep_runtime import bench, testing_models, versions
+from mmprep_runtime import testing_models, versions
+from mmprep_runtime.commands import measuring
+from mmprep_runtime.settings import ModelSettings
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -68,7 +70,7 @@ WRK_SCRIPT = _RUNTIME.WRK_SCRIPT
 
 def chat_body() -> bytes:
     """The chat request both servers get: one 1280x960 photo-like JPEG and a question."""
-    return bench.request_body("vllm-render", IMAGE_SIZE, seed=1)
+    return measuring.request_body("vllm-render", IMAGE_SIZE, seed=1)
 
 
 def post(base: str, body: bytes) -> bytes:
@@ -226,11 +228,12 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
     one torch thread: where a request's cost goes."""
     import torch
 
-    from mmprep_runtime import loading, openai_chat, vllm_format, vllm_render
+    from mmprep_runtime.apis import openai_chat, vllm_format, vllm_render
+    from mmprep_runtime.engine import loading
     from mmprep_runtime.settings import Limits, RenderSettings
 
     torch.set_num_threads(1)
-    processor, facts = loading.load_processor(loading.ModelSettings(str(model)))
+    processor, facts = loading.load_processor(ModelSettings(str(model)))
     model_facts = vllm_render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
     limits = Limits()
     totals: dict[str, float] = {}

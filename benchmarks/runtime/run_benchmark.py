@@ -39,8 +39,10 @@ from typing import Any
 
 import psutil
 
-from mmprep_runtime import bench, cpus, loading, memory, pipeline, testing_media, testing_models, versions
-from mmprep_runtime.settings import Limits
+from mmprep_runtime import testing_media, testing_models, versions
+from mmprep_runtime.commands import bench, measuring
+from mmprep_runtime.engine import cpus, loading, memory, pipeline
+from mmprep_runtime.settings import Limits, ModelSettings
 from mmprep_runtime.sizing import Backend
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -88,7 +90,7 @@ class SerialCost:
         import torch
 
         torch.set_num_threads(1)
-        self.processor, self.facts = loading.load_processor(loading.ModelSettings(str(model), backend=backend))
+        self.processor, self.facts = loading.load_processor(ModelSettings(str(model), backend=backend))
         self.body, self.limits = body, Limits()
         self.totals = dict.fromkeys(self.STAGES, 0.0)
         self.count = self.slices = 0
@@ -461,7 +463,7 @@ def main() -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
-    workers = bench.parse_workers(args.workers)
+    workers = measuring.parse_workers(args.workers)
     backends = [Backend(b) for b in args.backends.split(",")]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -494,7 +496,7 @@ def main() -> int:
         print("in process ...", file=sys.stderr)
         machine_before, own_before, wall_before = machine_busy_seconds(), own_cpu_seconds(), time.perf_counter()
         report["in_process"] = bench.run(
-            loading.ModelSettings(str(model), backend=Backend.TORCHVISION),
+            ModelSettings(str(model), backend=Backend.TORCHVISION),
             [1, 2],
             duration=args.duration,
             size=IMAGE_SIZE,
@@ -510,10 +512,10 @@ def main() -> int:
         direct = report["in_process"]["direct"]
 
         # The same pool with transformers' own placeholder check, token-type ids and id tensors, for the
-        # difference the GIL-light stand-ins make (mmprep_runtime.fast_paths).
+        # difference the GIL-light stand-ins make (mmprep_runtime.engine.fast_paths).
         print("in process, without the fast paths ...", file=sys.stderr)
         report["in_process_library_steps"] = bench.run(
-            loading.ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False),
+            ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False),
             [1, 2],
             duration=args.duration,
             size=IMAGE_SIZE,

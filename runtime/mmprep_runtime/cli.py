@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "bench", "calibrate"):
         _prefer_passive_openmp()
-        from mmprep_runtime import memory
+        from mmprep_runtime.engine import memory
 
         memory.tune_allocator()
     if args.command == "make-model":
@@ -218,18 +218,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(out)
         return 0
     if args.command == "probe":
-        from mmprep_runtime import probe
+        from mmprep_runtime.commands import probe
 
         return probe.main(args)
     if args.command == "bench":
-        from mmprep_runtime import bench
+        from mmprep_runtime.commands import bench
 
         return bench.main(args)
     if args.command == "calibrate":
-        from mmprep_runtime import calibrate
+        from mmprep_runtime.commands import calibrate
 
         return calibrate.main(args)
-    from mmprep_runtime import serve
+    from mmprep_runtime.commands import serve
 
     return serve.main(args)
 

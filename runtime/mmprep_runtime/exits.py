@@ -21,6 +21,12 @@ EXIT_DEVICE_FAILED: Final = 3
 TERMINATION_MESSAGE_MAX_BYTES: Final = 4096
 
 
+class ModelLoadError(RuntimeError):
+    """The processor cannot be loaded (the message says which model and why): the command exits
+    ``EXIT_LOAD_FAILED``. Defined here, below the engine, so the device module can refine it
+    (``cuda.CudaUnavailable``) without importing the loader."""
+
+
 def write_termination_message(path: str | None, message: str) -> bool:
     """Leave ``message`` where Kubernetes reads the container's termination message (``path``, its
     ``terminationMessagePath``; nothing to do when None), cut to what Kubernetes keeps.

@@ -25,11 +25,23 @@ from mmprep_runtime.contract import (
     ContractError,
     PoolDecisionEnv,
 )
-from mmprep_runtime.loading import ModelSettings
 
 
 class SettingsError(ValueError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Which processor to load and how; ``engine.loading`` loads it."""
+
+    model: str
+    revision: str | None = None
+    trust_remote_code: bool = False
+    backend: sizing.Backend = sizing.Backend.AUTO
+    device: sizing.Device = sizing.Device.AUTO
+    #: Bind the exact, GIL-light stand-ins of ``fast_paths`` (off: transformers' own steps only).
+    fast_paths: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -244,7 +244,7 @@ def _exported_runtime_metric_names() -> set[str]:
     """Sample names a runtime server exports, from its real metrics registry."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from mmprep_runtime.metrics import Metrics
+    from mmprep_runtime.server.metrics import Metrics
 
     metrics = Metrics()
     metrics.bind_live(in_flight=lambda: 0, queue_depth=lambda: 0, busy=lambda: 0, workers=2, busy_seconds=lambda: 0.0)

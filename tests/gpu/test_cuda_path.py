@@ -13,8 +13,12 @@ import torch
 from aiohttp import web
 from PIL import Image
 
-from mmprep_runtime import bench, cuda, engine, http_api, loading, testing_models
-from mmprep_runtime.settings import ServeSettings
+from mmprep_runtime import testing_models
+from mmprep_runtime.commands import bench
+from mmprep_runtime.engine import core as engine
+from mmprep_runtime.engine import cuda, loading
+from mmprep_runtime.server import app as http_api
+from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Device, Path
 from mmprep_runtime.testing_media import jpeg
 
@@ -34,7 +38,7 @@ def test_cuda_starts_on_the_pods_device_and_proves_it() -> None:
 
 
 def test_the_engine_warms_up_on_the_device_before_it_is_returned(qwen_dir) -> None:
-    running = engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.CUDA), processor_workers=2)
+    running = engine.start_engine(ModelSettings(str(qwen_dir), device=Device.CUDA), processor_workers=2)
     try:
         assert running.decision.path is Path.GPU and running.device == "cuda:0"
         assert running.info()["cuda"]["device"] == "cuda:0"
@@ -56,8 +60,8 @@ def test_the_engine_warms_up_on_the_device_before_it_is_returned(qwen_dir) -> No
 
 def test_uploads_land_on_the_device_and_outputs_match_the_cpu_within_tolerance(qwen_dir) -> None:
     image = Image.effect_noise((640, 480), 60).convert("RGB")
-    on_cpu, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
-    on_gpu, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    on_cpu, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
+    on_gpu, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
     loading.bind_device(on_gpu, "cuda:0")
     decoded = torch.randint(0, 255, (3, 48, 64), dtype=torch.uint8)
     uploaded = cuda.upload_images([image, decoded], "cuda:0")
@@ -76,7 +80,7 @@ def test_uploads_land_on_the_device_and_outputs_match_the_cpu_within_tolerance(q
 
 async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on_the_cpu(qwen_dir) -> None:
     settings = ServeSettings(
-        model=loading.ModelSettings(str(qwen_dir), device=Device.CUDA),
+        model=ModelSettings(str(qwen_dir), device=Device.CUDA),
         host="127.0.0.1",
         port=0,
         processor_workers=2,
@@ -106,7 +110,7 @@ async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on
 
 def test_the_bench_baseline_runs_on_the_pools_device(qwen_dir) -> None:
     report = bench.run(
-        loading.ModelSettings(str(qwen_dir), device=Device.CUDA),
+        ModelSettings(str(qwen_dir), device=Device.CUDA),
         [1],
         duration=1.0,
         size=(320, 240),

@@ -102,7 +102,7 @@ def test_both_command_lines_are_unchanged() -> None:
 
 def test_the_runtime_serves_the_same_routes() -> None:
     from mmprep_runtime import cli as runtime_cli
-    from mmprep_runtime.http_api import create_app
+    from mmprep_runtime.server.app import create_app
     from mmprep_runtime.settings import serve_settings_from_args
 
     args = runtime_cli.build_parser().parse_args(["serve", "--model", "/models/m"])

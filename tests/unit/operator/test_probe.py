@@ -119,7 +119,7 @@ def test_parse_result_reads_the_wire_names_and_rejects_garbage() -> None:
 def test_the_runtimes_own_answers_parse() -> None:
     """Contract with ``mmprep-runtime probe``: its failure answer (built by the runtime's own code)
     and a recorded success answer (captured from it on a qwen2-vl folder) both parse."""
-    from mmprep_runtime import probe as runtime_probe
+    from mmprep_runtime.commands import probe as runtime_probe
 
     failed = runtime_probe.failure("/models/m", "model folder '/models/m' does not exist").to_message()
     outcome = probe.read_outcome(job(("Failed", "BackoffLimitExceeded")), [pod("Failed", failed)])

@@ -16,8 +16,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mmprep_runtime import engine, http_api, loading, testing_models
-from mmprep_runtime.settings import ServeSettings
+from mmprep_runtime import testing_models
+from mmprep_runtime.engine import core as engine
+from mmprep_runtime.server import app as http_api
+from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Backend, Device
 
 
@@ -74,7 +76,7 @@ def started():
     engines: list[engine.Engine] = []
 
     def start(folder: pathlib.Path, **kwargs) -> engine.Engine:
-        model = loading.ModelSettings(
+        model = ModelSettings(
             str(folder),
             trust_remote_code=kwargs.pop("trust_remote_code", False),
             backend=kwargs.pop("backend", Backend.AUTO),

@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-from mmprep_runtime import memory
+from mmprep_runtime.engine import memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_glibc_accepts_the_settings():
     # In a fresh interpreter, with no malloc knobs in its environment.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
-    script = "from mmprep_runtime import memory; print(memory.tune_allocator())"
+    script = "from mmprep_runtime.engine import memory; print(memory.tune_allocator())"
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True"
 

@@ -7,8 +7,11 @@ from typing import Any
 
 import pytest
 
-from mmprep_runtime import bench, calibrate, cli, cpus, decoding, loading, testing_media
+from mmprep_runtime import cli, testing_media
 from mmprep_runtime.calibration import Report
+from mmprep_runtime.commands import calibrate, measuring
+from mmprep_runtime.engine import cpus, decoding, loading
+from mmprep_runtime.settings import ModelSettings
 
 
 def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(qwen_dir, tmp_path, capsys, monkeypatch):
@@ -82,9 +85,9 @@ def test_calibrate_of_a_model_that_does_not_load_reports_the_error(uncloneable_d
 
 
 def test_a_decoding_workload_takes_its_images_in_turn(qwen_dir):
-    _processor, facts = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    _processor, facts = loading.load_processor(ModelSettings(str(qwen_dir)))
     images = (testing_media.jpeg(64, 48, seed=1), testing_media.png(32, 40, seed=2))
-    workload = bench.build_workload(facts, (8, 8), decode=True, images=images)
+    workload = measuring.build_workload(facts, (8, 8), decode=True, images=images)
     seen: list[tuple[int, int]] = []
 
     def recording_processor(*, text: str, images: list[Any], **kwargs: Any) -> dict[str, Any]:

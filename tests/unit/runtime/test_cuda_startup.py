@@ -13,7 +13,9 @@ import torch
 from PIL import Image
 from support.servers import free_port, runtime_command
 
-from mmprep_runtime import cuda, loading, patches, serve
+from mmprep_runtime.commands import measuring, serve
+from mmprep_runtime.engine import cuda, loading, patches
+from mmprep_runtime.settings import ModelSettings
 
 TIMEOUT = 180
 
@@ -74,7 +76,7 @@ def test_uploaded_images_are_the_tensors_the_processor_makes_of_the_images(qwen_
     assert converted[1] is rgba  # modes the processor converts itself are left to it
     assert converted[2] is decoded  # already the tensor the processor takes; on CUDA it is uploaded
     assert converted[0].dtype == torch.uint8 and tuple(converted[0].shape) == (3, 50, 70)
-    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    processor, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
     from_images = processor.image_processor(images=[rgb], return_tensors="pt")["pixel_values"]
     from_tensors = processor.image_processor(images=[converted[0]], return_tensors="pt")["pixel_values"]
     assert torch.equal(from_images, from_tensors)
@@ -83,7 +85,7 @@ def test_uploaded_images_are_the_tensors_the_processor_makes_of_the_images(qwen_
 def test_an_input_transform_is_bound_to_each_clone_and_applies_to_lists_only(qwen_dir) -> None:
     import copy
 
-    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    processor, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
     seen: list[object] = []
     patches.bind_input_transform(processor.image_processor, "preprocess", "images", _record, seen)
     clone = copy.deepcopy(processor)
@@ -104,13 +106,13 @@ def _record(images: list[object], seen: list[object]) -> list[object]:
 def test_the_bench_baseline_follows_the_pools_device_and_refuses_a_mix(qwen_dir) -> None:
     from types import SimpleNamespace
 
-    from mmprep_runtime import bench
+    from mmprep_runtime.commands import bench
 
-    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    processor, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
     cpu = SimpleNamespace(device="cpu")
     assert bench.bind_baseline_device(processor, {1: cpu, 2: cpu}) == "cpu"  # type: ignore[dict-item]
     assert not hasattr(processor.image_processor, "_mmprep_default_kwargs")  # nothing bound on the CPU
-    with pytest.raises(bench.BenchError, match="different devices"):
+    with pytest.raises(measuring.MeasureError, match="different devices"):
         bench.bind_baseline_device(processor, {1: cpu, 2: SimpleNamespace(device="cuda:0")})  # type: ignore[dict-item]
 
 

@@ -11,7 +11,9 @@ import torch
 from PIL import Image
 from transformers import processing_utils
 
-from mmprep_runtime import cli, fast_paths, loading, patches, settings, testing_models
+from mmprep_runtime import cli, settings, testing_models
+from mmprep_runtime.engine import fast_paths, loading, patches
+from mmprep_runtime.settings import ModelSettings
 from mmprep_runtime.sizing import Backend
 
 MARKER = processing_utils._CONTROL_TOKEN_START
@@ -25,7 +27,7 @@ def _serve_args(*extra: str):
 
 
 def _load(folder: pathlib.Path, *, fast: bool, backend: Backend = Backend.AUTO):
-    return loading.load_processor(loading.ModelSettings(str(folder), backend=backend, fast_paths=fast))
+    return loading.load_processor(ModelSettings(str(folder), backend=backend, fast_paths=fast))
 
 
 def _image(width: int, height: int, seed: int) -> Image.Image:

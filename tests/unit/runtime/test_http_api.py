@@ -21,10 +21,11 @@ import aiohttp
 import pytest
 from conftest import Served
 
-from mmprep_runtime import cli, http_api, loading, testing_models
-from mmprep_runtime import engine as engine_module
+from mmprep_runtime import cli, testing_models
 from mmprep_runtime.contract import PoolDecisionEnv
-from mmprep_runtime.settings import Limits, Load, ServeSettings, serve_settings_from_args
+from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.server import app as http_api
+from mmprep_runtime.settings import Limits, Load, ModelSettings, ServeSettings, serve_settings_from_args
 from mmprep_runtime.sizing import Backend, Device, Path, Reason
 from mmprep_runtime.testing_media import jpeg as jpeg_bytes
 from mmprep_runtime.testing_media import png as png_bytes
@@ -76,7 +77,7 @@ def start_server(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Starter
         if decided is not None:
             workers = decided.processor_workers
         settings = ServeSettings(
-            model=loading.ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend, device=Device.CPU),
+            model=ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend, device=Device.CPU),
             host="127.0.0.1",
             port=0,
             processor_workers=workers,
@@ -464,7 +465,7 @@ def _worker_clones_failing_after(monkeypatch, good: int) -> None:
     from conftest import POOL_THREAD_PREFIX
     from transformers import ProcessorMixin
 
-    from mmprep_runtime import executor
+    from mmprep_runtime.engine import executor
 
     real = executor.copy.deepcopy
     clones = [0]

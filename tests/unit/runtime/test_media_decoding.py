@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmprep_runtime import decoding, errors, testing_media
+from mmprep_runtime import errors, testing_media
+from mmprep_runtime.engine import decoding
 
 
 def test_a_data_url_is_accepted_like_plain_base64():

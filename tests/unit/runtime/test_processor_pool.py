@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mmprep_runtime import executor, patches
+from mmprep_runtime.engine import executor, patches
 
 TIMEOUT = 30
 

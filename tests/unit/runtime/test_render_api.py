@@ -19,8 +19,9 @@ import pytest
 from aiohttp import web
 from conftest import Served
 
-from mmprep_runtime import http_api, loading, testing_media
-from mmprep_runtime.settings import FetchSettings, Limits, RenderSettings, ServeSettings, parse_networks
+from mmprep_runtime import testing_media
+from mmprep_runtime.server import app as http_api
+from mmprep_runtime.settings import FetchSettings, Limits, ModelSettings, RenderSettings, ServeSettings, parse_networks
 from mmprep_runtime.sizing import Device
 
 
@@ -92,7 +93,7 @@ def start_render(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Callabl
     async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False, limits: Limits = Limits()) -> Running:
         fetch = FetchSettings(allowed_networks=parse_networks(allowed), max_bytes=200_000, read_timeout_s=1.0)
         settings = ServeSettings(
-            model=loading.ModelSettings(str(folder), device=Device.CPU),
+            model=ModelSettings(str(folder), device=Device.CPU),
             host="127.0.0.1",
             port=0,
             processor_workers=1,

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from mmprep_runtime import errors, loading, testing_models
-from mmprep_runtime.settings import Load, ServeSettings
+from mmprep_runtime import errors, testing_models
+from mmprep_runtime.settings import Load, ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Device
 from mmprep_runtime.testing_media import jpeg
 
@@ -44,7 +44,7 @@ def test_an_error_class_defined_after_the_first_answer_still_has_its_class() -> 
     # fetching defines its own errors: a table built at the first answer must not miss them.
     script = (
         "from mmprep_runtime import errors; assert errors.outcome_class('bad_media') == 'client_error'; "
-        "from mmprep_runtime import fetching; "
+        "from mmprep_runtime.apis import fetching; "
         "print(errors.outcome_class(fetching.FetchRefused.code), errors.outcome_class(fetching.FetchTimedOut.code))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=True)
@@ -78,7 +78,7 @@ def sample(metrics: str, name: str, outcome: str) -> float:
 
 async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_dir, serve) -> None:
     settings = ServeSettings(
-        model=loading.ModelSettings(str(qwen_dir), device=Device.CPU),
+        model=ModelSettings(str(qwen_dir), device=Device.CPU),
         host="127.0.0.1",
         port=0,
         processor_workers=1,

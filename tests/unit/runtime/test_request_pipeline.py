@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from mmprep_runtime import errors, loading, pipeline
+from mmprep_runtime import errors
+from mmprep_runtime.engine import loading, pipeline
+from mmprep_runtime.settings import ModelSettings
 
 
 def _facts(**overrides) -> loading.ProcessorFacts:
@@ -87,10 +89,11 @@ def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_fa
 
     import torch
 
-    from mmprep_runtime import decoding, testing_media, testing_models
+    from mmprep_runtime import testing_media, testing_models
+    from mmprep_runtime.engine import decoding
     from mmprep_runtime.settings import Limits
 
-    processor, facts = loading.load_processor(loading.ModelSettings(str(model_factory(kind, backend=backend))))
+    processor, facts = loading.load_processor(ModelSettings(str(model_factory(kind, backend=backend))))
     expected_layout = decoding.ImageLayout.ARRAY if backend == "pil" else decoding.ImageLayout.TENSOR
     assert facts.image_layout is expected_layout
     token = testing_models.QWEN_IMAGE_PLACEHOLDER if kind == "qwen2-vl" else testing_models.LLAVA_IMAGE_TOKEN

@@ -15,8 +15,10 @@ import urllib.request
 import pytest
 from support.servers import free_port, runtime_command
 
-from mmprep_runtime import bench, cli, exits, loading, probe, testing_media, testing_models
+from mmprep_runtime import cli, exits, testing_media, testing_models
+from mmprep_runtime.commands import bench, probe
 from mmprep_runtime.contract import ProbeAnswer
+from mmprep_runtime.settings import ModelSettings
 
 TIMEOUT = 120
 
@@ -139,9 +141,9 @@ def test_a_probe_whose_answer_cannot_reach_the_operator_fails(qwen_dir, tmp_path
 
 
 def test_probe_says_path_if_gpu_is_cpu_for_pil_and_audio(model_factory, whisper_dir):
-    pil = probe.probe(loading.ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
+    pil = probe.probe(ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
     assert (pil.fast_image_processor, pil.path_if_gpu) == (False, "cpu")
-    audio = probe.probe(loading.ModelSettings(str(whisper_dir)))
+    audio = probe.probe(ModelSettings(str(whisper_dir)))
     assert (audio.image_processor_class, audio.path_if_gpu) == (None, "cpu")
 
 

@@ -6,7 +6,11 @@ import argparse
 
 import pytest
 
-from mmprep_runtime import cli, cpus, cuda, engine, loading, settings, sizing
+from mmprep_runtime import cli, settings, sizing
+from mmprep_runtime.engine import core as engine
+from mmprep_runtime.engine import cpus, cuda, loading
+from mmprep_runtime.exits import ModelLoadError
+from mmprep_runtime.settings import ModelSettings
 from mmprep_runtime.sizing import Backend, Device, Path, Reason
 
 
@@ -42,7 +46,7 @@ def test_an_uncloneable_processor_falls_back_to_one_worker_and_says_why(started,
 
 
 def test_remote_code_is_refused_without_trust(started, uncloneable_dir):
-    with pytest.raises(loading.ModelLoadError, match="trust_remote_code"):
+    with pytest.raises(ModelLoadError, match="trust_remote_code"):
         started(uncloneable_dir)
 
 
@@ -54,18 +58,18 @@ def test_the_backend_flag_swaps_the_image_processor_and_the_info_says_so(started
 
 
 def test_a_folder_built_for_pil_loads_the_pil_backend(model_factory):
-    _, facts = loading.load_processor(loading.ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
+    _, facts = loading.load_processor(ModelSettings(str(model_factory("qwen2-vl", backend="pil"))))
     assert facts.backend == "pil"
 
 
 def test_a_missing_folder_is_a_clear_load_error(tmp_path):
-    with pytest.raises(loading.ModelLoadError, match="does not exist"):
-        loading.load_processor(loading.ModelSettings(str(tmp_path / "nope")))
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        loading.load_processor(ModelSettings(str(tmp_path / "nope")))
 
 
 def test_asking_for_cuda_without_cuda_is_an_error(monkeypatch):
     monkeypatch.setattr(loading, "cuda_available", lambda: False)
-    with pytest.raises(loading.ModelLoadError, match="CUDA is not available"):
+    with pytest.raises(ModelLoadError, match="CUDA is not available"):
         engine.resolve_device(Device.CUDA)
     assert engine.resolve_device(Device.AUTO) == ("cpu", False)
 
@@ -172,7 +176,7 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
     monkeypatch.setattr(cuda, "worker_init", lambda device: calls.append(f"stream {device}"))
     monkeypatch.setattr(cuda, "warm_up", lambda processor, device: calls.append(f"warm-up {device}") or {"warmed": True})
     monkeypatch.setattr(cuda, "describe", lambda device: {"device": device})
-    model = loading.ModelSettings(str(qwen_dir), device=Device.AUTO)
+    model = ModelSettings(str(qwen_dir), device=Device.AUTO)
     running = engine.start_engine(model)
     try:
         info = running.info()
@@ -188,7 +192,7 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
         assert clone.image_processor._mmprep_input_transforms["preprocess"][1] is cuda.upload_images
     finally:
         running.close(timeout=30)
-    pil = engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.AUTO, backend=Backend.PIL))
+    pil = engine.start_engine(ModelSettings(str(qwen_dir), device=Device.AUTO, backend=Backend.PIL))
     try:
         assert (pil.decision.path, pil.decision.processor_workers) == (Path.CPU, 2)
     finally:
@@ -212,7 +216,7 @@ def test_a_warm_up_that_fails_on_the_device_fails_the_start_and_stops_the_worker
     monkeypatch.setattr(engine.executor, "ProcessorPool", recording_pool)
     monkeypatch.setattr(cuda, "warm_up", failing_warm_up)
     with pytest.raises(cuda.CudaUnavailable, match="warm-up request failed on cuda:0"):
-        engine.start_engine(loading.ModelSettings(str(qwen_dir), device=Device.CUDA))
+        engine.start_engine(ModelSettings(str(qwen_dir), device=Device.CUDA))
     (pool,) = pools
     with pytest.raises(Exception, match="shut down"):
         pool.submit(lambda processor: None)
@@ -223,7 +227,7 @@ def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_reaches_t
 
     import torch
 
-    processor, _ = loading.load_processor(loading.ModelSettings(str(qwen_dir)))
+    processor, _ = loading.load_processor(ModelSettings(str(qwen_dir)))
     # Watch what the image processor's own preprocess receives when the whole processor runs:
     # the binding is only real if the device reaches it, on the clone, through the normal call path.
     image_processor_class = type(processor.image_processor)

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import torch
 
-from mmprep_runtime import vllm_format
+from mmprep_runtime.apis import vllm_format
 
 
 def _reference(item: dict[str, vllm_format.KwargsElement]) -> bytes:

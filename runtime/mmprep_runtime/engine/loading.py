@@ -20,26 +20,23 @@ import dataclasses
 import json
 import logging
 import pathlib
-from typing import Any
+from typing import Any, Final
 
-from mmprep_runtime import declared, decoding, fast_paths, patches, sizing
+from mmprep_runtime import declared, sizing
+from mmprep_runtime.engine import cuda, decoding, fast_paths, patches
+from mmprep_runtime.exits import ModelLoadError
+from mmprep_runtime.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 
-
-class ModelLoadError(RuntimeError):
-    """The processor cannot be loaded; the message says which model and why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    model: str
-    revision: str | None = None
-    trust_remote_code: bool = False
-    backend: sizing.Backend = sizing.Backend.AUTO
-    device: sizing.Device = sizing.Device.AUTO
-    #: Bind the exact, GIL-light stand-ins of ``fast_paths`` (off: transformers' own steps only).
-    fast_paths: bool = True
+#: Processors whose image processor can skip rescale/normalize and hand out uint8 pixels for the
+#: GPU to normalize (vLLM's ``supports_mm_device_do_normalize``). A fact of the processor, so the
+#: engine's facts answer it (``ProcessorFacts.normalizes_on_device``) for every HTTP API.
+DEVICE_NORMALIZE_PROCESSORS: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+#: What vLLM sets on the processor when it leaves rescale/normalize to the GPU
+#: (``mm_device_do_normalize``, its default for models that support it, Qwen2-VL among them).
+#: It is applied after hashing: it never joins an item's hash.
+DEVICE_NORMALIZE_KWARGS: Final = {"do_normalize": False, "do_rescale": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +89,11 @@ class ProcessorFacts:
         if self.backend == sizing.Backend.PIL.value:
             return decoding.ImageLayout.ARRAY
         return decoding.ImageLayout.PIL  # any other image processor: the one input all of them take
+
+    @property
+    def normalizes_on_device(self) -> bool:
+        """Whether this processor can leave rescale/normalize to the GPU (uint8 pixels out)."""
+        return self.processor_class in DEVICE_NORMALIZE_PROCESSORS
 
     @property
     def takes_images(self) -> bool:
@@ -216,6 +218,4 @@ def bind_device(processor: Any, device: str) -> None:
     patches.bind_default_kwargs(image_processor, "preprocess", device=device)
     if device.startswith("cuda") and _image_backend(image_processor) == sizing.Backend.TORCHVISION.value:
         # Fast (torchvision) processors take tensors: upload from pinned memory without blocking.
-        from mmprep_runtime import cuda
-
         patches.bind_input_transform(image_processor, "preprocess", "images", cuda.upload_images, device)

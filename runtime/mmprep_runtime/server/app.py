@@ -24,11 +24,13 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from mmprep_runtime import engine as engine_module
-from mmprep_runtime import errors, executor, fetching, pipeline, vllm_format, vllm_render
-from mmprep_runtime.admission import Admission
-from mmprep_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from mmprep_runtime.metrics import Metrics
+from mmprep_runtime import errors
+from mmprep_runtime.apis import fetching, vllm_format, vllm_render
+from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.engine import executor, loading, pipeline
+from mmprep_runtime.server.admission import Admission
+from mmprep_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mmprep_runtime.server.metrics import Metrics
 from mmprep_runtime.settings import Limits, ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def _wants_uint8(request: web.Request, engine: engine_module.Engine) -> bool:
     pixels = request.query.get("pixels", "normalized")
     if pixels not in ("normalized", "uint8"):
         raise errors.BadRequest(f"pixels must be 'normalized' or 'uint8', got {pixels!r}")
-    if pixels == "uint8" and engine.facts.processor_class not in vllm_render.DEVICE_NORMALIZE_PROCESSORS:
+    if pixels == "uint8" and not engine.facts.normalizes_on_device:
         raise errors.BadRequest(
             f"pixels=uint8: this processor ({engine.facts.processor_class}) cannot leave normalization to the GPU"
         )
@@ -134,7 +136,7 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
     uint8 = _wants_uint8(request, engine)
     body = await _read_json_body(request, state.settings.limits)
     api = pipeline.PreprocessApi(
-        engine.facts, state.settings.limits, binary, dict(vllm_format.DEVICE_NORMALIZE_KWARGS) if uint8 else {}
+        engine.facts, state.settings.limits, binary, dict(loading.DEVICE_NORMALIZE_KWARGS) if uint8 else {}
     )
     served = await engine.serve(api, body)
     state.metrics.decode_seconds.observe(served.decode_seconds)

@@ -17,7 +17,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from mmprep_runtime import decoding, errors, pipeline
+from mmprep_runtime import errors
+from mmprep_runtime.engine import decoding, pipeline
 
 ROLES: Final = frozenset({"system", "user", "assistant", "developer"})
 

@@ -19,7 +19,9 @@ import logging
 import time
 from typing import Any
 
-from mmprep_runtime import contract, cpus, cuda, executor, loading, pipeline, sizing, versions
+from mmprep_runtime import contract, sizing, versions
+from mmprep_runtime.engine import cpus, cuda, executor, loading, pipeline
+from mmprep_runtime.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +206,7 @@ def adopt_operator_reason(decision: sizing.WorkerDecision, operator: contract.Po
 
 
 def start_engine(
-    model: loading.ModelSettings,
+    model: ModelSettings,
     *,
     processor_workers: int | None = None,
     io_workers: int | None = None,

@@ -34,7 +34,7 @@ import functools
 import types
 from typing import Any, Final
 
-from mmprep_runtime import patches
+from mmprep_runtime.engine import patches
 
 CHECK_SPECIAL_MM_TOKENS: Final = "_check_special_mm_tokens"
 CREATE_MM_TOKEN_TYPE_IDS: Final = "create_mm_token_type_ids"

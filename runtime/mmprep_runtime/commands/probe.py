@@ -14,10 +14,11 @@ import os
 import sys
 from typing import Final
 
-from mmprep_runtime import executor, exits, loading, versions
+from mmprep_runtime import exits, versions
 from mmprep_runtime.contract import ProbeAnswer
-from mmprep_runtime.exits import write_termination_message
-from mmprep_runtime.settings import SettingsError, model_settings_from_args
+from mmprep_runtime.engine import executor, loading
+from mmprep_runtime.exits import ModelLoadError, write_termination_message
+from mmprep_runtime.settings import ModelSettings, SettingsError, model_settings_from_args
 
 _MAX_ERROR_CHARS: Final = 1500
 EXIT_LOAD_FAILED: Final = exits.EXIT_LOAD_FAILED
@@ -30,7 +31,7 @@ def _short(text: str | None) -> str | None:
     return text[: _MAX_ERROR_CHARS - 3] + "..."
 
 
-def probe(settings: loading.ModelSettings) -> ProbeAnswer:
+def probe(settings: ModelSettings) -> ProbeAnswer:
     """The probe's answer. Raises ``ModelLoadError`` when the processor cannot be loaded."""
     processor, facts = loading.load_processor(settings)
     clone = executor.try_clone(lambda: processor)
@@ -65,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     code = 0
     try:
         answer = probe(settings)
-    except loading.ModelLoadError as exc:
+    except ModelLoadError as exc:
         print(f"mmprep-runtime probe: {exc}", file=sys.stderr)
         answer = failure(settings.model, str(exc))
         code = EXIT_LOAD_FAILED

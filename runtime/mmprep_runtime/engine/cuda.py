@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
-from mmprep_runtime.loading import ModelLoadError
+from mmprep_runtime.exits import ModelLoadError
 
 ENV_DEVICE_INDEX: Final = "MMPREP_CUDA_DEVICE"
 ENV_ALLOC_CONF: Final = "PYTORCH_CUDA_ALLOC_CONF"

@@ -33,11 +33,6 @@ _TAG_LEAF: Final = b"\x03"
 #: msgpack extension code vLLM uses for a tensor's raw bytes inline.
 RAW_VIEW_EXT: Final = 3
 
-#: What vLLM sets on the processor when it leaves rescale/normalize to the GPU
-#: (``mm_device_do_normalize``, its default for models that support it, Qwen2-VL among them).
-#: It is applied after hashing: it never joins an item's hash.
-DEVICE_NORMALIZE_KWARGS: Final = {"do_normalize": False, "do_rescale": False}
-
 
 def _length(value: int) -> bytes:
     return value.to_bytes(_LENGTH_BYTES, "little")

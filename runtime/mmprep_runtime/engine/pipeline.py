@@ -22,8 +22,9 @@ from typing import Any, Final, Protocol, TypeVar
 import numpy as np
 import orjson
 
-from mmprep_runtime import decoding, errors
-from mmprep_runtime.loading import ProcessorFacts
+from mmprep_runtime import errors
+from mmprep_runtime.engine import decoding
+from mmprep_runtime.engine.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits
 
 KNOWN_FIELDS: Final = frozenset({"text", "images", "audio"})
@@ -146,7 +147,7 @@ def process(
 ) -> dict[str, Any]:
     """Run the processor (on the calling worker's own clone). Returns name -> torch tensor.
 
-    ``processor_kwargs``: e.g. ``vllm_format.DEVICE_NORMALIZE_KWARGS`` for uint8 pixels."""
+    ``processor_kwargs``: e.g. ``loading.DEVICE_NORMALIZE_KWARGS`` for uint8 pixels."""
     kwargs: dict[str, Any] = {"return_tensors": "pt", **(processor_kwargs or {})}
     with errors.processor_call():
         if facts.takes_images or facts.takes_audio:
@@ -219,7 +220,7 @@ class PreprocessApi:
     facts: ProcessorFacts
     limits: Limits
     binary: bool = False
-    #: Extra processor arguments (uint8 pixels: ``vllm_format.DEVICE_NORMALIZE_KWARGS``).
+    #: Extra processor arguments (uint8 pixels: ``loading.DEVICE_NORMALIZE_KWARGS``).
     processor_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

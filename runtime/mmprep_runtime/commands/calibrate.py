@@ -21,9 +21,12 @@ import pathlib
 import sys
 from typing import Final
 
-from mmprep_runtime import bench, calibration, cpus, decoding, engine, errors, exits, loading, testing_media
-from mmprep_runtime.exits import write_termination_message
-from mmprep_runtime.settings import Limits, SettingsError, model_settings_from_args
+from mmprep_runtime import calibration, errors, exits, testing_media
+from mmprep_runtime.commands import measuring
+from mmprep_runtime.engine import core as engine
+from mmprep_runtime.engine import cpus, decoding
+from mmprep_runtime.exits import ModelLoadError, write_termination_message
+from mmprep_runtime.settings import Limits, ModelSettings, SettingsError, model_settings_from_args
 
 EXIT_USAGE: Final = exits.EXIT_USAGE
 #: The model did not load, or no worker count could be measured.
@@ -50,21 +53,21 @@ def synthetic_inputs(sizes: list[tuple[int, int]]) -> Inputs:
 def sample_inputs(folder: pathlib.Path) -> Inputs:
     """Up to MAX_SAMPLES image files from ``folder`` (sorted, so every run uses the same set)."""
     if not folder.is_dir():
-        raise bench.BenchError(f"--samples {folder} is not a folder")
+        raise measuring.MeasureError(f"--samples {folder} is not a folder")
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)[:MAX_SAMPLES]
     if not files:
-        raise bench.BenchError(f"--samples {folder} holds no {'/'.join(SAMPLE_SUFFIXES)} files")
+        raise measuring.MeasureError(f"--samples {folder} holds no {'/'.join(SAMPLE_SUFFIXES)} files")
     images = tuple(p.read_bytes() for p in files)
     for path, data in zip(files, images, strict=True):  # a sample that does not decode fails now, not mid-run
         try:
             decoding.decode_image(data, f"sample {path.name}", max_pixels=Limits().max_image_pixels)
         except errors.RequestError as exc:
-            raise bench.BenchError(f"--samples {folder}: {exc.message}") from None
+            raise measuring.MeasureError(f"--samples {folder}: {exc.message}") from None
     return Inputs(images, tuple(p.name for p in files))
 
 
 def measure(
-    settings: loading.ModelSettings,
+    settings: ModelSettings,
     inputs: Inputs,
     counts: list[int],
     *,
@@ -74,26 +77,26 @@ def measure(
     tolerance: float,
 ) -> calibration.Report:
     engines: dict[int, engine.Engine] = {}
-    parts: dict[int, list[bench.Measurement]] = {c: [] for c in counts}
+    parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
     try:
         for count in counts:
             engines[count] = engine.start_engine(settings, processor_workers=count)
         facts = engines[counts[0]].facts
         # Audio or text only: bench's fixed request is representative enough.
         names = inputs.names if facts.takes_images else ()
-        job = bench.build_workload(facts, (64, 48), decode=facts.takes_images, images=inputs.images).job
+        job = measuring.build_workload(facts, (64, 48), decode=facts.takes_images, images=inputs.images).job
         for running in engines.values():
             if warmup > 0:
-                bench.measure_pool(running, job, warmup, False)
+                measuring.measure_pool(running, job, warmup, False)
         for _ in range(rounds):
             for count, running in engines.items():
-                parts[count].append(bench.measure_pool(running, job, duration / rounds, False))
+                parts[count].append(measuring.measure_pool(running, job, duration / rounds, False))
     finally:
         for running in engines.values():
             running.close()
     curve = []
     for count in counts:
-        summary = bench.merge(parts[count]).summary()
+        summary = measuring.merge(parts[count]).summary()
         curve.append(calibration.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"]))
     choice = calibration.choose(curve, tolerance)
     return calibration.Report(
@@ -108,9 +111,9 @@ def measure(
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
-    sizes = [bench.parse_size(part.strip()) for part in text.split(",") if part.strip()]
+    sizes = [measuring.parse_size(part.strip()) for part in text.split(",") if part.strip()]
     if not sizes:
-        raise bench.BenchError(f"--image must list WIDTHxHEIGHT sizes, got {text!r}")
+        raise measuring.MeasureError(f"--image must list WIDTHxHEIGHT sizes, got {text!r}")
     return sizes
 
 
@@ -124,10 +127,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         settings = model_settings_from_args(args, os.environ)
         if args.duration <= 0 or args.rounds < 1:
-            raise bench.BenchError("--duration must be positive and --rounds at least 1")
+            raise measuring.MeasureError("--duration must be positive and --rounds at least 1")
         calibration.check_tolerance(args.tolerance)
         inputs = sample_inputs(pathlib.Path(args.samples)) if args.samples else synthetic_inputs(_sizes(args.image))
-    except (SettingsError, bench.BenchError, calibration.CalibrationError) as exc:
+    except (SettingsError, measuring.MeasureError, calibration.CalibrationError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
         _answer(calibration.Report(error=str(exc)), args.termination_log)
         return EXIT_USAGE
@@ -142,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             tolerance=args.tolerance,
         )
-    except (loading.ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
+    except (ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
         _answer(calibration.Report(error=str(exc)), args.termination_log)
         return EXIT_FAILED

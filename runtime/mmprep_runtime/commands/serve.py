@@ -21,10 +21,12 @@ from typing import Any
 
 from aiohttp import web
 
-from mmprep_runtime import cuda, exits, http_api
+from mmprep_runtime import exits
+from mmprep_runtime.engine import cuda
+from mmprep_runtime.server import app as http_api
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
-logger = logging.getLogger("mmprep_runtime.serve")
+logger = logging.getLogger("mmprep_runtime.commands.serve")
 
 EXIT_LOAD_FAILED = exits.EXIT_LOAD_FAILED
 EXIT_USAGE = exits.EXIT_USAGE

@@ -27,15 +27,15 @@ from typing import Any, Final
 
 import orjson
 
-from mmprep_runtime import decoding, errors, fetching, openai_chat, patches, pipeline, vllm_format
-from mmprep_runtime.loading import ProcessorFacts
+from mmprep_runtime import errors
+from mmprep_runtime.apis import fetching, openai_chat, vllm_format
+from mmprep_runtime.engine import decoding, loading, patches, pipeline
+from mmprep_runtime.engine.loading import ProcessorFacts
 from mmprep_runtime.settings import Limits, RenderSettings
 
-#: Processors whose image processor vLLM lets skip rescale/normalize (``supports_mm_device_do_normalize``).
-DEVICE_NORMALIZE_PROCESSORS: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
 #: Processors whose images this API renders: how vLLM cuts processor outputs into items is
 #: model-specific (Qwen2-VL: rows of ``pixel_values`` by ``image_grid_thw``). Others: text only.
-IMAGE_PROCESSORS: Final = DEVICE_NORMALIZE_PROCESSORS
+IMAGE_PROCESSORS: Final = loading.DEVICE_NORMALIZE_PROCESSORS
 
 _RGBA_BACKGROUND: Final = (255, 255, 255)
 
@@ -55,7 +55,7 @@ class ModelFacts:
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
-        return dict(vllm_format.DEVICE_NORMALIZE_KWARGS) if self.device_normalize else {}
+        return dict(loading.DEVICE_NORMALIZE_KWARGS) if self.device_normalize else {}
 
 
 def _torch_dtype_name(config: Mapping[str, Any]) -> str | None:
@@ -92,8 +92,8 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         max_model_len=int(max_len),
         dtype=_torch_dtype_name(config),
         image_token_id=token_id,
-        device_normalize=not settings.normalized_pixels and facts.processor_class in DEVICE_NORMALIZE_PROCESSORS,
-        expands_by_grid=facts.processor_class in DEVICE_NORMALIZE_PROCESSORS
+        device_normalize=not settings.normalized_pixels and facts.normalizes_on_device,
+        expands_by_grid=facts.normalizes_on_device
         and token_id is not None
         and hasattr(getattr(processor, "image_processor", None), "merge_size"),
     )
