@@ -27,6 +27,7 @@ from mmprep_operator.api.policy import (
     PolicyError,
     load_policy,
 )
+from mmprep_operator.logic import identity
 
 EXIT_USAGE = 2
 
@@ -99,7 +100,7 @@ def _policy(path: str | None) -> OperatorPolicy:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from mmprep_operator.logic import probe, render
+    from mmprep_operator.logic import probe
     from mmprep_operator.logic.decide import sentence
     from mmprep_operator.logic.plan import make_plan
 
@@ -108,7 +109,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     result, assumed = _load_probe(args.probe)
     policy = _policy(args.policy_file)
     meta = body["metadata"]
-    owner = render.Owner(name=meta["name"], namespace=meta.get("namespace") or args.namespace, uid=meta.get("uid"))
+    owner = identity.Owner(name=meta["name"], namespace=meta.get("namespace") or args.namespace, uid=meta.get("uid"))
     plan = make_plan(owner, spec, nodes, result, policy)
 
     lines = [f"# mmprep-operator render: {api.KIND} {owner.namespace}/{owner.name}"]

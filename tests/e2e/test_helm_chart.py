@@ -26,6 +26,7 @@ from packaging_support import (
     template_error,
 )
 
+from mmprep_operator.logic import identity
 from mmprep_runtime import errors
 
 ALL_FEATURES = {
@@ -230,13 +231,13 @@ def test_runtime_service_monitor_selects_the_services_the_operator_renders() -> 
 
     rendered = template({"serviceMonitor": {"enabled": True}})
     monitor = one(rendered, "ServiceMonitor", "-runtime")
-    service = render.render_service(render.Owner(name="demo", namespace="ns", uid="u"))
+    service = render.render_service(identity.Owner(name="demo", namespace="ns", uid="u"))
     labels = service["metadata"]["labels"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= labels.items(), f"{selector} does not select {labels}"
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     # The pool label the alerts group by is on every runtime pod.
-    deployment_labels = render.pool_labels(render.Owner(name="demo", namespace="ns", uid="u"), "h200")
+    deployment_labels = identity.pool_labels(identity.Owner(name="demo", namespace="ns", uid="u"), "h200")
     assert set(monitor["spec"]["podTargetLabels"]) <= set(deployment_labels)
 
 

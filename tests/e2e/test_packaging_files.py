@@ -13,6 +13,8 @@ import tomllib
 import pytest
 from packaging_support import DOCKER_HACK, REPO
 
+from mmprep_operator.logic import pod_parts
+
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
 
@@ -47,10 +49,9 @@ def test_dockerfile_pulls_no_frontend_and_has_no_architecture_specific_step() ->
 
 
 def test_final_stages_run_as_the_uid_the_operator_renders() -> None:
-    from mmprep_operator.logic import render
 
     users = re.findall(r"^USER (\S+)", DOCKERFILE, re.MULTILINE)
-    assert users == [f"{render.RUN_AS}:{render.RUN_AS}"] * 2
+    assert users == [f"{pod_parts.RUN_AS}:{pod_parts.RUN_AS}"] * 2
 
 
 def _requirements(*args: str) -> subprocess.CompletedProcess[str]:

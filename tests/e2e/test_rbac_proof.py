@@ -30,6 +30,8 @@ from kubernetes.client.rest import ApiException
 from support.kube import Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
 
+from mmprep_operator.logic import identity
+
 pytestmark = pytest.mark.cluster
 
 
@@ -166,15 +168,13 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
     it does not overwrite an object another owner controls, and reports NameConflict instead."""
     from chart_cluster import make_spec
 
-    from mmprep_operator.logic import render
-
     name = "takeover"
-    owner = render.Owner(name=name, namespace=namespace)
-    taken = render.deployment_name(owner, "cpu")
+    owner = identity.Owner(name=name, namespace=namespace)
+    taken = identity.deployment_name(owner, "cpu")
     # Someone else's Deployment with the very name and pod selector the operator would use (so the
     # operator's apply is not refused anyway for changing an immutable selector).
     foreign = foreign_deployment(taken, {"team": "someone-else"})
-    selector = {render.LABEL_RESOURCE: render.pool_labels(owner, "cpu")[render.LABEL_RESOURCE], render.LABEL_POOL: "cpu"}
+    selector = {identity.LABEL_RESOURCE: identity.pool_labels(owner, "cpu")[identity.LABEL_RESOURCE], identity.LABEL_POOL: "cpu"}
     foreign.spec.selector.match_labels = selector
     foreign.spec.template.metadata.labels = selector
     kube.apps.create_namespaced_deployment(namespace, foreign)

@@ -26,7 +26,7 @@ from typing import Any, Final
 from mmprep_operator.control import children
 from mmprep_operator.control.children import ChildStore
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
-from mmprep_operator.logic import render, status
+from mmprep_operator.logic import identity, status
 from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.applier")
@@ -59,7 +59,7 @@ class ChildApplier:
     #: Per resource, the (kind, name) of its pool children at its last successful prune.
     _pruned: dict[Key, frozenset[tuple[str, str]]] = dataclasses.field(default_factory=dict)
 
-    def up_to_date(self, owner: render.Owner, plan: Plan) -> bool:
+    def up_to_date(self, owner: identity.Owner, plan: Plan) -> bool:
         """Nothing to apply or prune for ``plan``: the watch shows every child as last applied."""
         return self._pruned.get((owner.namespace, owner.name)) == pool_children(plan) and self.children_unchanged(plan)
 
@@ -69,7 +69,7 @@ class ChildApplier:
     def forget(self, key: Key) -> None:
         self._pruned.pop(key, None)
 
-    async def apply_plan(self, owner: render.Owner, plan: Plan) -> Applied:
+    async def apply_plan(self, owner: identity.Owner, plan: Plan) -> Applied:
         """Apply every child of ``plan`` (Service first), then prune; a refused child is a problem."""
         key = (owner.namespace, owner.name)
         keep = pool_children(plan)
@@ -103,7 +103,7 @@ class ChildApplier:
             return Applied(deployments, problem)
         return Applied(deployments)
 
-    async def apply(self, owner: render.Owner, obj: Mapping[str, Any]) -> dict[str, Any]:
+    async def apply(self, owner: identity.Owner, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply that never takes over someone else's object.
 
         Unforced first: for our own, unchanged objects that is all. A 409 means another field
@@ -131,9 +131,9 @@ class ChildApplier:
                     log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "object": meta["name"]})
         raise Conflict(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} kept changing during apply")
 
-    async def prune(self, owner: render.Owner, keep: frozenset[tuple[str, str]]) -> None:
+    async def prune(self, owner: identity.Owner, keep: frozenset[tuple[str, str]]) -> None:
         """Delete this resource's Deployments and PodDisruptionBudgets of pools that no longer exist."""
-        selector = render.selector_string(owner)
+        selector = identity.selector_string(owner)
         for kind, api_version in POOL_KINDS.items():
             for obj in await self.kube.list_objects(api_version, kind, owner.namespace, selector):
                 meta = obj.get("metadata") or {}

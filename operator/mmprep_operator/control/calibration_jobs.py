@@ -24,7 +24,7 @@ from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.shared_jobs import read_or_create_job, remember
 from mmprep_operator.kube import KubeApi
-from mmprep_operator.logic import calibration, pools, render, status
+from mmprep_operator.logic import calibration, identity, pools, status
 from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.calibration_jobs")
@@ -40,7 +40,7 @@ class CalibrationJobs:
 
     async def of(
         self,
-        owner: render.Owner,
+        owner: identity.Owner,
         spec: api.MultimodalPreprocessorSpec,
         rule_plan: Plan,
         previous: api.MultimodalPreprocessorStatus | None,
@@ -74,7 +74,7 @@ class CalibrationJobs:
                 return None
         return out
 
-    def _known(self, owner: render.Owner, hash_: str, previous: api.PoolCalibration | None) -> api.PoolCalibration | None:
+    def _known(self, owner: identity.Owner, hash_: str, previous: api.PoolCalibration | None) -> api.PoolCalibration | None:
         key = (owner.namespace, hash_)
         if previous is not None and previous.hash == hash_ and calibration.settled(previous.state):
             if key not in self.cache:  # what was read from a Job (the newer) wins
@@ -83,7 +83,7 @@ class CalibrationJobs:
         return self.cache.get(key)
 
     async def _read(
-        self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, pool: pools.Pool, hash_: str
+        self, owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, pool: pools.Pool, hash_: str
     ) -> api.PoolCalibration:
         name = calibration.job_name(hash_)
 

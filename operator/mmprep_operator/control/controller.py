@@ -37,7 +37,7 @@ from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.reconcile import Outcome, Reconciler
 from mmprep_operator.control.workqueue import URGENT, Backoff, WorkQueue
 from mmprep_operator.kube import ApiError
-from mmprep_operator.logic import naming, probe, render
+from mmprep_operator.logic import identity, naming, probe
 from mmprep_operator.logic.nodes import NodeFacts, eligible, node_facts
 
 log = logging.getLogger("mmprep.operator.controller")
@@ -125,7 +125,7 @@ class Controller:
             return
         if kind == "Pod":
             # A runtime pod is owned by a ReplicaSet; its resource label names the resource.
-            resource = (meta.get("labels") or {}).get(render.LABEL_RESOURCE)
+            resource = (meta.get("labels") or {}).get(identity.LABEL_RESOURCE)
             for key in self._resources:
                 if key[0] == namespace and naming.label_value(key[1]) == resource:
                     self.queue.add(key)

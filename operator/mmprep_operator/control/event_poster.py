@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import render, status
+from mmprep_operator.logic import identity, status
 
 log = logging.getLogger("mmprep.operator.event_poster")
 
-_Pending = tuple[render.Owner, str | None, status.EventSpec]
+_Pending = tuple[identity.Owner, str | None, status.EventSpec]
 #: How long shutting down waits for the Events still queued: long enough for a backlog after a
 #: node change, short against the pod's termination grace period.
 DRAIN_SECONDS: Final = 5.0
@@ -47,7 +47,7 @@ class EventPoster:
     _backlog: asyncio.Queue[_Pending] | None = None
     _task: asyncio.Task[None] | None = None
 
-    async def post(self, owner: render.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
+    async def post(self, owner: identity.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
         """Tell ``event`` about the resource ``body`` (its version is the one the Event names)."""
         version = (body.get("metadata") or {}).get("resourceVersion")
         pending: _Pending = (owner, str(version) if version else None, event)

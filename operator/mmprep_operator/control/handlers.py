@@ -21,12 +21,12 @@ from mmprep_operator import api
 from mmprep_operator.control.controller import Controller, nodes_from_index
 from mmprep_operator.control.state import OperatorState
 from mmprep_operator.kube import bearer_token, load_configuration
-from mmprep_operator.logic import render
+from mmprep_operator.logic import identity
 from mmprep_operator.logic.calibration import LABEL_COMPONENT_CALIBRATION
 from mmprep_operator.logic.nodes import node_facts
 from mmprep_operator.logic.probe import LABEL_COMPONENT_PROBE
 
-_CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
+_CHILD_LABELS = {identity.LABEL_MANAGED_BY: identity.MANAGED_BY}
 _JOB_COMPONENTS = (LABEL_COMPONENT_CALIBRATION, LABEL_COMPONENT_PROBE)
 
 
@@ -34,11 +34,11 @@ def _is_job_component(value: str | None, **_: Any) -> bool:
     return value in _JOB_COMPONENTS
 
 
-_CHILD_SELECTOR = render.label_selector(_CHILD_LABELS)
+_CHILD_SELECTOR = identity.label_selector(_CHILD_LABELS)
 # The Jobs the operator reads: probes and calibrations.
-_JOB_LABELS: dict[str, Any] = {**_CHILD_LABELS, render.LABEL_COMPONENT: _is_job_component}
-_JOB_SELECTOR = f"{_CHILD_SELECTOR},{render.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"
-_RUNTIME_POD_LABELS = {**_CHILD_LABELS, render.LABEL_COMPONENT: render.COMPONENT_RUNTIME}
+_JOB_LABELS: dict[str, Any] = {**_CHILD_LABELS, identity.LABEL_COMPONENT: _is_job_component}
+_JOB_SELECTOR = f"{_CHILD_SELECTOR},{identity.LABEL_COMPONENT} in ({','.join(_JOB_COMPONENTS)})"
+_RUNTIME_POD_LABELS = {**_CHILD_LABELS, identity.LABEL_COMPONENT: identity.COMPONENT_RUNTIME}
 NODE_INDEX = "mmprep_nodes"
 
 
@@ -63,7 +63,7 @@ _CHILD_WATCHES: Final = (
     _ChildWatch("", "v1", "services", "Service", _CHILD_LABELS, _CHILD_SELECTOR),
     _ChildWatch("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", _CHILD_LABELS, _CHILD_SELECTOR),
     # Runtime pods only (their scheduling and exits go into status), never the probe's.
-    _ChildWatch("", "v1", "pods", "Pod", _RUNTIME_POD_LABELS, render.label_selector(_RUNTIME_POD_LABELS)),
+    _ChildWatch("", "v1", "pods", "Pod", _RUNTIME_POD_LABELS, identity.label_selector(_RUNTIME_POD_LABELS)),
     _ChildWatch("batch", "v1", "jobs", "Job", _JOB_LABELS, _JOB_SELECTOR),
 )
 

@@ -25,7 +25,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.shared_jobs import read_or_create_job, remember
 from mmprep_operator.kube import KubeApi
-from mmprep_operator.logic import probe, render
+from mmprep_operator.logic import identity, probe
 
 log = logging.getLogger("mmprep.operator.probe_jobs")
 
@@ -38,7 +38,9 @@ class ProbeJobs:
     #: Successful answers per (namespace, probe hash); also in each resource's status and Job.
     cache: dict[tuple[str, str], api.ProbeResult] = dataclasses.field(default_factory=dict)
 
-    def known(self, owner: render.Owner, hash_: str, previous: api.MultimodalPreprocessorStatus | None) -> api.ProbeStatus | None:
+    def known(
+        self, owner: identity.Owner, hash_: str, previous: api.MultimodalPreprocessorStatus | None
+    ) -> api.ProbeStatus | None:
         """The probe's state when it needs no API call; None: only its Job can tell."""
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
             if previous.probe.state == "Succeeded" and previous.probe.result is not None:
@@ -53,7 +55,7 @@ class ProbeJobs:
             return api.ProbeStatus(hash=hash_, job=probe.job_name(hash_), state="Succeeded", result=cached)
         return None
 
-    async def read(self, owner: render.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str) -> api.ProbeStatus:
+    async def read(self, owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, hash_: str) -> api.ProbeStatus:
         """The probe's state from its Job, which is created (or shared) here."""
         job_name = probe.job_name(hash_)
         job, created, pods = await read_or_create_job(

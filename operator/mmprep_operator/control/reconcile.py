@@ -52,7 +52,7 @@ from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.probe_jobs import ProbeJobs
 from mmprep_operator.control.status_writer import StatusWriter
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import calibration, naming, podstates, pools, probe, render, status
+from mmprep_operator.logic import calibration, identity, naming, pod_parts, podstates, pools, probe, status
 from mmprep_operator.logic.nodes import NodeFacts
 from mmprep_operator.logic.plan import Plan, make_plan
 
@@ -92,7 +92,7 @@ class Outcome:
 class _Read:
     """The resource as one pass read it, and from where: the API (``fresh``) or the watch's copy."""
 
-    owner: render.Owner
+    owner: identity.Owner
     body: Mapping[str, Any]
     #: Its status as parsed (None: none yet, or another operator version's); an early report
     #: replaces it for the rest of the pass.
@@ -192,10 +192,10 @@ class Reconciler:
             # collector is removing the children, and re-applying them would fight it.
             self._forget((namespace, name))
             return Outcome("gone")
-        owner = render.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
+        owner = identity.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
         read = _Read(owner, body, _parse_status(body.get("status")), fresh)
         generation = meta.get("generation")
-        selector = render.selector_string(owner)
+        selector = identity.selector_string(owner)
         annotations = meta.get("annotations") or {}
 
         try:
@@ -295,7 +295,7 @@ class Reconciler:
         return READ_AGAIN if await self._report(read, obs) is READ_AGAIN else outcome
 
     def _pod_problems(
-        self, owner: render.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
+        self, owner: identity.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
     ) -> dict[str, api.PoolProblem]:
         """Why pods are missing, per pool, read from the pods as the watch last showed them."""
         short = [
@@ -305,9 +305,9 @@ class Reconciler:
         ]
         if not short:
             return {}
-        pods = self.children.pods(owner.namespace, render.selector_labels(owner))
+        pods = self.children.pods(owner.namespace, identity.selector_labels(owner))
         by_label = {naming.label_value(name): name for name in short}
-        return podstates.pool_problems(pods, by_label, render.LABEL_POOL, render.CONTAINER_NAME)
+        return podstates.pool_problems(pods, by_label, identity.LABEL_POOL, pod_parts.CONTAINER_NAME)
 
     async def _report(self, read: _Read, obs: status.Observation) -> api.MultimodalPreprocessorStatus | ReadAgain:
         """Write the status folded from ``obs`` (when it changed) and its Events; return it.

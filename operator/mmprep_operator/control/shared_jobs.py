@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from mmprep_operator.kube import Conflict, KubeApi
-from mmprep_operator.logic import jobs, render
+from mmprep_operator.logic import identity, jobs
 
 log = logging.getLogger("mmprep.operator.shared_jobs")
 
@@ -37,13 +37,13 @@ def remember(cache: dict[_K, _V], key: _K, value: _V, *, size: int = CACHE_SIZE)
         cache.pop(next(iter(cache)))
 
 
-def owned_by(job: Mapping[str, Any], owner: render.Owner) -> bool:
+def owned_by(job: Mapping[str, Any], owner: identity.Owner) -> bool:
     """The Job lists ``owner`` as an owner. Right after ``create_job``: whether this resource
     created it (``create_job`` answers with the existing Job when another resource won the race)."""
     return any(r.get("uid") == owner.uid for r in (job.get("metadata") or {}).get("ownerReferences") or ())
 
 
-async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) -> None:
+async def share_job(kube: KubeApi, owner: identity.Owner, job: Mapping[str, Any]) -> None:
     """Add the resource as an owner of a Job another resource created (GC needs all owners gone)."""
     meta = job.get("metadata") or {}
     owners = list(meta.get("ownerReferences") or ())
@@ -60,7 +60,7 @@ async def share_job(kube: KubeApi, owner: render.Owner, job: Mapping[str, Any]) 
 
 
 async def read_or_create_job(
-    kube: KubeApi, owner: render.Owner, name: str, render_job: Callable[[], dict[str, Any]]
+    kube: KubeApi, owner: identity.Owner, name: str, render_job: Callable[[], dict[str, Any]]
 ) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
     """The Job ``name`` (created from ``render_job()`` when missing), whether this resource created
     it, and its pods once it finished (their termination messages hold the answer).

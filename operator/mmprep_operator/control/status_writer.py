@@ -23,7 +23,7 @@ from mmprep_operator import api
 from mmprep_operator.control.event_poster import EventPoster
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.kube import Conflict, KubeApi
-from mmprep_operator.logic import render, status
+from mmprep_operator.logic import identity, status
 
 log = logging.getLogger("mmprep.operator.status_writer")
 
@@ -45,7 +45,7 @@ class StatusWriter:
 
     async def write(
         self,
-        owner: render.Owner,
+        owner: identity.Owner,
         body: Mapping[str, Any],
         previous: api.MultimodalPreprocessorStatus | None,
         obs: status.Observation,

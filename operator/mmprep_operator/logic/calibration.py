@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import jobs, naming, render
+from mmprep_operator.logic import identity, jobs, naming, pod_parts
 from mmprep_operator.logic.pools import Pool
 from mmprep_runtime import calibration as runtime_calibration
 from mmprep_runtime.sizing import Reason, WorkerDecision
@@ -40,7 +40,7 @@ LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
 LABEL_POOL: Final = "mmprep.dev/pool"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-TERMINATION_LOG: Final = render.TERMINATION_LOG
+TERMINATION_LOG: Final = pod_parts.TERMINATION_LOG
 
 MEASURED, PENDING, FAILED, UNAVAILABLE, NOT_NEEDED = (
     "Measured",
@@ -92,11 +92,11 @@ def calibration_inputs(
     return {
         "gpu": gpu.product if gpu is not None else None,
         "pool": pool.key,
-        "image": render.image_of(spec, policy),
-        "args": render.model_args(spec),
+        "image": pod_parts.image_of(spec, policy),
+        "args": pod_parts.model_args(spec),
         "device": spec.device.value,
         "resources": spec.resources.wire(),
-        "env": render.model_env(spec),
+        "env": pod_parts.model_env(spec),
         "measure": [
             settings.tolerance,
             max_workers(spec, policy),
@@ -125,7 +125,7 @@ def node_for(pool: Pool) -> str | None:
 
 def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str]:
     settings = policy.calibration
-    args = ["mmprep-runtime", "calibrate", *render.model_args(spec)]
+    args = ["mmprep-runtime", "calibrate", *pod_parts.model_args(spec)]
     if spec.device.value != "auto":
         args += ["--device", spec.device.value]
     inputs = (
@@ -144,7 +144,7 @@ def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> lis
 
 
 def render_job(
-    owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, node: str, hash_: str
+    owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, node: str, hash_: str
 ) -> dict[str, Any]:
     """The calibration Job: the runtime pod's container and placement, pinned to ``node``."""
     labels = {

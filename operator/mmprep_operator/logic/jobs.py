@@ -13,13 +13,13 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import render
+from mmprep_operator.logic import identity, pod_parts
 
 _MESSAGE_TAIL: Final = 600
 
 
 def render_answering_job(
-    owner: render.Owner,
+    owner: identity.Owner,
     spec: api.MultimodalPreprocessorSpec,
     policy: OperatorPolicy,
     *,
@@ -40,30 +40,30 @@ def render_answering_job(
     ``labels`` are added to the runtime's name, ``component`` and the manager's label.
     """
     labels = {
-        render.LABEL_NAME: "mmprep-runtime",
-        render.LABEL_COMPONENT: component,
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        identity.LABEL_NAME: "mmprep-runtime",
+        identity.LABEL_COMPONENT: component,
+        identity.LABEL_MANAGED_BY: identity.MANAGED_BY,
         **labels,
     }
-    volumes, mounts = render.model_volumes(spec)
+    volumes, mounts = pod_parts.model_volumes(spec)
     container: dict[str, Any] = {
         "name": container_name,
-        "image": render.image_of(spec, policy),
+        "image": pod_parts.image_of(spec, policy),
         "command": command,
-        "env": render.model_env(spec),
+        "env": pod_parts.model_env(spec),
         "resources": resources,
         "volumeMounts": mounts,
-        "securityContext": render.container_security_context(),
-        "terminationMessagePath": render.TERMINATION_LOG,
+        "securityContext": pod_parts.container_security_context(),
+        "terminationMessagePath": pod_parts.TERMINATION_LOG,
         # When the run dies before writing its JSON, the log tail is the best explanation there is.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if (pull := render.pull_policy_of(spec, policy)) is not None:
+    if (pull := pod_parts.pull_policy_of(spec, policy)) is not None:
         container["imagePullPolicy"] = pull
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "securityContext": render.pod_security_context(),
+        "securityContext": pod_parts.pod_security_context(),
         "containers": [container],
         "volumes": volumes,
         **placement,

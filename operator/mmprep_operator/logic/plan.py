@@ -12,7 +12,7 @@ from typing import Any
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import pools, render, replicas
+from mmprep_operator.logic import identity, pools, render, replicas
 from mmprep_operator.logic.decide import PoolDecision, decide_pool
 from mmprep_operator.logic.nodes import NodeFacts
 from mmprep_operator.logic.status import Problem
@@ -88,7 +88,7 @@ def placement_problem(spec: api.MultimodalPreprocessorSpec, pooling: pools.Pooli
 
 
 def make_plan(
-    owner: render.Owner,
+    owner: identity.Owner,
     spec: api.MultimodalPreprocessorSpec,
     nodes: Iterable[NodeFacts],
     probe: api.ProbeResult,
@@ -107,6 +107,6 @@ def make_plan(
     weights = {name: w for name, w in pools.pool_weights(pooling.pools).items() if name not in blocked}
     counts = {p.name: 0 for p in pooling.pools} | replicas.distribute(spec.replicas, weights)
     objects = tuple(render.render_children(owner, spec, decisions, counts, policy))
-    names = {d.pool.name: render.deployment_name(owner, d.pool.name) for d in decisions}
+    names = {d.pool.name: identity.deployment_name(owner, d.pool.name) for d in decisions}
     problem = placement_problem(spec, pooling) or _platform_problem(blocked, len(pooling.pools))
     return Plan(pooling, problem, decisions, counts, names, objects, blocked)

@@ -20,21 +20,21 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import jobs, naming, render
+from mmprep_operator.logic import identity, jobs, naming, pod_parts
 from mmprep_runtime.contract import ContractError, json_object
 
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
-TERMINATION_LOG: Final = render.TERMINATION_LOG
+TERMINATION_LOG: Final = pod_parts.TERMINATION_LOG
 
 
 def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:
-    volumes, mounts = render.model_volumes(spec)
+    volumes, mounts = pod_parts.model_volumes(spec)
     return {
-        "image": render.image_of(spec, policy),
-        "args": render.model_args(spec),
-        "env": render.model_env(spec),
+        "image": pod_parts.image_of(spec, policy),
+        "args": pod_parts.model_args(spec),
+        "env": pod_parts.model_env(spec),
         "volumes": volumes,
         "mounts": mounts,
         "reprobe": reprobe,
@@ -50,7 +50,7 @@ def job_name(hash_: str) -> str:
     return f"mmprep-probe-{hash_}"
 
 
-def render_job(owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str) -> dict[str, Any]:
+def render_job(owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str) -> dict[str, Any]:
     """The probe Job. Owned (not controlled) by the first resource; others add themselves as owners."""
     return jobs.render_answering_job(
         owner,
@@ -60,7 +60,7 @@ def render_job(owner: render.Owner, spec: api.MultimodalPreprocessorSpec, policy
         component=LABEL_COMPONENT_PROBE,
         labels={LABEL_PROBE_HASH: hash_},
         container_name="probe",
-        command=["mmprep-runtime", "probe", *render.model_args(spec), "--termination-log", TERMINATION_LOG],
+        command=["mmprep-runtime", "probe", *pod_parts.model_args(spec), "--termination-log", TERMINATION_LOG],
         resources=policy.probe.resources,
         placement=placement(spec),
         backoff_limit=policy.probe.backoff_limit,

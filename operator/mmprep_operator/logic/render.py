@@ -1,9 +1,11 @@
-"""Render the objects a resource needs: the Service, and per pool a PodDisruptionBudget and a
+"""Render the objects a resource serves with: the Service, and per pool a PodDisruptionBudget and a
 runtime Deployment.
 
 Pure functions of (resource identity, spec, decisions, replica counts, policy): no I/O, so the
-``render`` CLI, the golden tests and the reconciler produce the same objects byte for byte. The
-pod pieces shared with the probe Job (security context, model volumes, cache env) live here too.
+``render`` CLI, the golden tests and the reconciler produce the same objects byte for byte.
+
+Neighbours: ``identity`` (owner, labels, names), ``pod_parts`` (the pod pieces shared with the
+probe and calibration Jobs), ``plan`` (which calls ``render_children``).
 """
 
 from __future__ import annotations
@@ -14,162 +16,36 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import naming
 from mmprep_operator.logic.decide import PoolDecision
+from mmprep_operator.logic.identity import (
+    ANNOTATION_DECISION,
+    Owner,
+    deployment_name,
+    disruption_budget_name,
+    pool_labels,
+    pool_selector,
+    resource_labels,
+    selector_labels,
+    service_name,
+)
+from mmprep_operator.logic.pod_parts import (
+    CONTAINER_NAME,
+    TERMINATION_LOG,
+    container_security_context,
+    image_of,
+    model_args,
+    model_env,
+    model_volumes,
+    pod_security_context,
+    pull_policy_of,
+)
 from mmprep_operator.logic.pools import ARCH_LABEL, ARM64, Pool, pool_arch
 from mmprep_runtime.contract import PoolDecisionEnv
 
-MANAGED_BY: Final = "mmprep-operator"
-LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-LABEL_NAME: Final = "app.kubernetes.io/name"
-LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
-LABEL_COMPONENT: Final = "app.kubernetes.io/component"
-LABEL_RESOURCE: Final = "mmprep.dev/resource"
-LABEL_POOL: Final = "mmprep.dev/pool"
-COMPONENT_RUNTIME: Final = "preprocessor"
-ANNOTATION_DECISION: Final = "mmprep.dev/decision"
-
 RUNTIME_PORT: Final = 8080
-TERMINATION_LOG: Final = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 #: vLLM's render server listens on 8000 by default: a drop-in keeps the port its clients use.
 VLLM_RENDER_PORT: Final = 8000
 PORT_NAME: Final = "http"
-CONTAINER_NAME: Final = "runtime"
-CACHE_MOUNT: Final = "/var/cache/mmprep/huggingface"
-TMP_VOLUME: Final = "mmprep-tmp"
-# A fixed non-root uid: runAsNonRoot cannot verify a named USER, and the runtime image's user is 65532.
-RUN_AS: Final = 65532
-
-
-@dataclasses.dataclass(frozen=True)
-class Owner:
-    """The resource that owns the rendered objects."""
-
-    name: str
-    namespace: str
-    uid: str | None = None
-
-    def reference(self, *, controller: bool = True) -> dict[str, Any]:
-        return {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": controller,
-            "blockOwnerDeletion": True,
-        }
-
-    def metadata(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": dict(labels)}
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        if self.uid:
-            # Without a uid (a render preview of a resource not yet created) there is nothing to own by.
-            meta["ownerReferences"] = [self.reference()]
-        return meta
-
-
-def resource_labels(owner: Owner) -> dict[str, str]:
-    return {
-        LABEL_NAME: "mmprep-runtime",
-        LABEL_INSTANCE: naming.label_value(owner.name),
-        LABEL_COMPONENT: COMPONENT_RUNTIME,
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_RESOURCE: naming.label_value(owner.name),
-    }
-
-
-def selector_labels(owner: Owner) -> dict[str, str]:
-    """Labels every runtime pod of the resource carries (Service selector, scale selector)."""
-    return {LABEL_RESOURCE: naming.label_value(owner.name), LABEL_MANAGED_BY: MANAGED_BY}
-
-
-def label_selector(labels: Mapping[str, str]) -> str:
-    """Labels as the API's ``labelSelector`` query: every one must match."""
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
-def selector_string(owner: Owner) -> str:
-    return label_selector(selector_labels(owner))
-
-
-def pool_labels(owner: Owner, pool: str) -> dict[str, str]:
-    return {**resource_labels(owner), LABEL_POOL: naming.label_value(pool)}
-
-
-def deployment_name(owner: Owner, pool: str) -> str:
-    return naming.dns_label(owner.name, pool)
-
-
-def service_name(owner: Owner) -> str:
-    return naming.dns_label(owner.name)
-
-
-def image_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> str:
-    return spec.image or policy.default_image
-
-
-def pull_policy_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> str | None:
-    return spec.image_pull_policy or policy.image_pull_policy
-
-
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "fsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def container_security_context() -> dict[str, Any]:
-    # restricted Pod Security Standard, plus a read-only root: caches go to mounted volumes.
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def model_args(spec: api.MultimodalPreprocessorSpec) -> list[str]:
-    """``--model ...`` and the flags that change what loads; shared by serve and probe (and so
-    part of the probe hash). The device is not among them: it is the decision, passed as env."""
-    model = spec.model
-    args = ["--model", model.path if model.path is not None else str(model.id)]
-    if model.revision:
-        args += ["--revision", model.revision]
-    if model.trust_remote_code:
-        args.append("--trust-remote-code")
-    if spec.backend.value != "auto":
-        # The backend changes which image processor loads, so the probe must see it too.
-        args += ["--backend", spec.backend.value]
-    return args
-
-
-def model_env(spec: api.MultimodalPreprocessorSpec) -> list[dict[str, Any]]:
-    """User env first, then the cache location: later entries win in Kubernetes."""
-    env = [e.wire() for e in spec.env]
-    if spec.model.cache_volume:
-        env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
-    return env
-
-
-def model_volumes(spec: api.MultimodalPreprocessorSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, container mounts): the user's, the cache mount, and a writable /tmp."""
-    volumes = [v.wire() for v in spec.volumes] + [{"name": TMP_VOLUME, "emptyDir": {}}]
-    mounts = [m.wire() for m in spec.volume_mounts] + [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
-    if spec.model.cache_volume:
-        mounts.append({"name": spec.model.cache_volume, "mountPath": CACHE_MOUNT})
-    return volumes, mounts
-
-
-def pool_selector(owner: Owner, pool: str) -> dict[str, str]:
-    """The labels that select exactly one pool's pods (Deployment, PodDisruptionBudget, spread)."""
-    labels = pool_labels(owner, pool)
-    return {LABEL_RESOURCE: labels[LABEL_RESOURCE], LABEL_POOL: labels[LABEL_POOL]}
 
 
 def _placement(spec: api.MultimodalPreprocessorSpec, pool: Pool) -> dict[str, Any]:
@@ -307,10 +183,6 @@ def render_service(owner: Owner, spec: api.MultimodalPreprocessorSpec | None = N
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }
-
-
-def disruption_budget_name(owner: Owner, pool: str) -> str:
-    return deployment_name(owner, pool)
 
 
 def render_disruption_budget(owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from mmprep_operator import api
-from mmprep_operator.logic import render
+from mmprep_operator.logic import identity
 from mmprep_operator.logic.decide import PoolDecision, sentence
 from mmprep_operator.logic.naming import short_hash
 from mmprep_operator.logic.pools import pool_arch
@@ -301,7 +301,7 @@ EVENT_MESSAGE_LIMIT = 1024
 
 
 def event_body(
-    owner: render.Owner, event: EventSpec, *, resource_version: str | None, instance: str, now: datetime
+    owner: identity.Owner, event: EventSpec, *, resource_version: str | None, instance: str, now: datetime
 ) -> dict[str, Any]:
     """The core/v1 Event that tells ``event`` about ``owner`` (at ``resource_version``, if known).
 
@@ -328,8 +328,8 @@ def event_body(
         "type": event.type,
         "reason": event.reason,
         "message": event.message[:EVENT_MESSAGE_LIMIT],
-        "source": {"component": render.MANAGED_BY},
-        "reportingComponent": render.MANAGED_BY,
+        "source": {"component": identity.MANAGED_BY},
+        "reportingComponent": identity.MANAGED_BY,
         "reportingInstance": instance,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,

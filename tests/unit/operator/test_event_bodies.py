@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 from mmprep_operator import api
-from mmprep_operator.logic import render, status
+from mmprep_operator.logic import identity, status
 
-OWNER = render.Owner(name="m", namespace="ns", uid="uid-1")
+OWNER = identity.Owner(name="m", namespace="ns", uid="uid-1")
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
@@ -42,5 +42,5 @@ def test_the_event_says_who_posted_it_and_when_and_fits_the_api_servers_limit() 
     out = body(status.EventSpec("Warning", "ApplyFailed", "x" * 5000))
     assert (out["type"], out["reason"], out["metadata"]["namespace"]) == ("Warning", "ApplyFailed", "ns")
     assert len(out["message"]) == status.EVENT_MESSAGE_LIMIT
-    assert out["reportingInstance"] == "op-0" and out["reportingComponent"] == render.MANAGED_BY
+    assert out["reportingInstance"] == "op-0" and out["reportingComponent"] == identity.MANAGED_BY
     assert out["firstTimestamp"] == out["lastTimestamp"] == status.timestamp(NOW) and out["count"] == 1

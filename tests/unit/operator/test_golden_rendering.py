@@ -15,7 +15,7 @@ from conftest import DATA
 
 from mmprep_operator import api, yamlio
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import probe, render
+from mmprep_operator.logic import identity, pod_parts, probe
 from mmprep_operator.logic.nodes import node_facts
 from mmprep_operator.logic.plan import make_plan
 
@@ -35,7 +35,7 @@ def render_case(cr_file: str, probe_file: str | None) -> list[dict[str, Any]]:
     else:
         result = api.ProbeResult(cloneable=True, fast_image_processor=False, declared_workers=None)
     meta = body["metadata"]
-    owner = render.Owner(meta["name"], meta["namespace"], meta["uid"])
+    owner = identity.Owner(meta["name"], meta["namespace"], meta["uid"])
     policy = OperatorPolicy()
     plan = make_plan(owner, spec, nodes, result, policy)
     return [probe.render_job(owner, spec, policy, probe.probe_hash(spec, policy)), *plan.objects]
@@ -114,9 +114,9 @@ def test_cpu_case_renders_cache_backend_and_merges_affinity_with_the_pool() -> N
     keys = [e["key"] for e in term["matchExpressions"]]
     assert keys[0] == "kubernetes.io/arch" and "nvidia.com/gpu.product" in keys  # the user's term AND the pool's
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-    assert env["HF_HOME"] == render.CACHE_MOUNT and env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_HOME"] == pod_parts.CACHE_MOUNT and env["HF_HUB_OFFLINE"] == "1"
     assert env["MMPREP_IO_WORKERS"] == "8" and env["MMPREP_DEVICE"] == "cpu"
-    assert {"name": "hf-cache", "mountPath": render.CACHE_MOUNT} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "hf-cache", "mountPath": pod_parts.CACHE_MOUNT} in pod["containers"][0]["volumeMounts"]
 
 
 def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
@@ -125,7 +125,7 @@ def test_decision_env_wins_over_user_env_of_the_same_name() -> None:
     spec = api.MultimodalPreprocessorSpec.model_validate(body["spec"])
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
     plan = make_plan(
-        render.Owner("x", "ns", "u"), spec, nodes, probe.parse_result((DATA / "probe.json").read_text()), OperatorPolicy()
+        identity.Owner("x", "ns", "u"), spec, nodes, probe.parse_result((DATA / "probe.json").read_text()), OperatorPolicy()
     )
     deployment = next(o for o in plan.objects if o["kind"] == "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]

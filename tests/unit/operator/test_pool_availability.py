@@ -17,13 +17,13 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.children import ChildStore
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.reconcile import Reconciler
-from mmprep_operator.logic import podstates, render
+from mmprep_operator.logic import identity, podstates
 from mmprep_operator.logic.plan import make_plan
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
 GPU = {"limits": {"nvidia.com/gpu": 1}}
 NODES = [make_node("h200-a", H200, gpus=8), make_node("h200-b", H200, gpus=8), make_node("gb300-a", GB300, gpus=4)]
-OWNER = render.Owner("m", "ns", "uid-m")
+OWNER = identity.Owner("m", "ns", "uid-m")
 
 
 def plan_for(spec: dict[str, Any], policy: OperatorPolicy | None = None):
@@ -148,7 +148,7 @@ def pending_pod(pool: str, message: str, name: str = "p") -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
-            "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY},
+            "labels": {identity.LABEL_RESOURCE: "m", identity.LABEL_POOL: pool, identity.LABEL_MANAGED_BY: identity.MANAGED_BY},
         },
         "status": {
             "phase": "Pending",
@@ -161,7 +161,7 @@ def crashed_pod(pool: str, message: str, code: int = 3, container: str = "runtim
     return {
         "metadata": {
             "name": "c",
-            "labels": {render.LABEL_RESOURCE: "m", render.LABEL_POOL: pool, render.LABEL_MANAGED_BY: render.MANAGED_BY},
+            "labels": {identity.LABEL_RESOURCE: "m", identity.LABEL_POOL: pool, identity.LABEL_MANAGED_BY: identity.MANAGED_BY},
         },
         "status": {
             "phase": "Running",
@@ -186,7 +186,7 @@ def test_the_scheduler_and_the_container_say_why_a_pool_has_no_ready_pods() -> N
         pending_pod("cpu", said, "b"),
         crashed_pod("gpu", "device cuda: CUDA is not available"),
     ]
-    problems = podstates.pool_problems(pods, {"cpu": "cpu", "gpu": "gpu"}, render.LABEL_POOL)
+    problems = podstates.pool_problems(pods, {"cpu": "cpu", "gpu": "gpu"}, identity.LABEL_POOL)
     assert (problems["cpu"].reason, problems["cpu"].message, problems["cpu"].pods) == ("Unschedulable", said, 2)
     assert problems["gpu"].reason == "DeviceFailed"  # the runtime's exit code for a device it cannot use
     assert problems["gpu"].message == "container runtime exited with code 3: device cuda: CUDA is not available"
@@ -196,14 +196,14 @@ def test_the_scheduler_and_the_container_say_why_a_pool_has_no_ready_pods() -> N
         (3, "sidecar", "RuntimeFailed"),
     ]:
         (problem,) = podstates.pool_problems(
-            [crashed_pod("gpu", "x", code, container)], {"gpu": "gpu"}, render.LABEL_POOL
+            [crashed_pod("gpu", "x", code, container)], {"gpu": "gpu"}, identity.LABEL_POOL
         ).values()
         assert problem.reason == reason, (code, container)
     running = {
-        "metadata": {"labels": {render.LABEL_POOL: "cpu"}},
+        "metadata": {"labels": {identity.LABEL_POOL: "cpu"}},
         "status": {"phase": "Running", "containerStatuses": [{"ready": True}]},
     }
-    assert podstates.pool_problems([running], {"cpu": "cpu"}, render.LABEL_POOL) == {}
+    assert podstates.pool_problems([running], {"cpu": "cpu"}, identity.LABEL_POOL) == {}
 
 
 class Cluster:
@@ -234,7 +234,7 @@ async def test_pending_pods_put_the_schedulers_words_into_ready_and_pools() -> N
     cluster.reconciler.children.observe("Pod", "ADDED", pod)
     # Another resource's pending pod in the same pool is not this resource's problem.
     other = pending_pod("nvidia-h200-141gb-hbm3e", "0/3 nodes are available", name="other-p")
-    other["metadata"].update(namespace="ns", labels={**other["metadata"]["labels"], render.LABEL_RESOURCE: "other"})
+    other["metadata"].update(namespace="ns", labels={**other["metadata"]["labels"], identity.LABEL_RESOURCE: "other"})
     cluster.reconciler.children.observe("Pod", "ADDED", other)
     lists = cluster.api.pod_lists
     await cluster.reconciler.reconcile("ns", "m")
@@ -341,13 +341,13 @@ def test_the_watch_keeps_what_status_reads_of_each_runtime_pod_until_it_is_delet
     pod["metadata"].update(namespace="ns", uid="u-1", ownerReferences=[{"kind": "ReplicaSet"}])
     pod["spec"] = {"containers": [{"name": "runtime", "image": "mmprep-runtime:0.1.0"}]}
     store.observe("Pod", "ADDED", pod)
-    (seen,) = store.pods("ns", {render.LABEL_RESOURCE: "m"})
+    (seen,) = store.pods("ns", {identity.LABEL_RESOURCE: "m"})
     assert "spec" not in seen and "uid" not in seen["metadata"]  # only what podstates reads is kept
     assert (
         podstates.pod_problem(seen)
         == podstates.pod_problem(pod)
         == ("Unschedulable", "0/2 nodes are available: 2 Insufficient cpu.")
     )
-    assert store.pods("other", {render.LABEL_RESOURCE: "m"}) == [] and store.pods("ns", {render.LABEL_RESOURCE: "x"}) == []
+    assert store.pods("other", {identity.LABEL_RESOURCE: "m"}) == [] and store.pods("ns", {identity.LABEL_RESOURCE: "x"}) == []
     store.observe("Pod", "DELETED", pod)
-    assert store.pods("ns", {render.LABEL_RESOURCE: "m"}) == []
+    assert store.pods("ns", {identity.LABEL_RESOURCE: "m"}) == []

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from mmprep_operator import api, yamlio
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import render
+from mmprep_operator.logic import identity
 from mmprep_operator.logic.nodes import node_facts
 from mmprep_operator.logic.plan import make_plan
 
@@ -22,7 +22,7 @@ def _objects(**spec_fields: Any) -> dict[str, dict[str, Any]]:
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
     result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
     meta = body["metadata"]
-    plan = make_plan(render.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, OperatorPolicy())
+    plan = make_plan(identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, OperatorPolicy())
     return {obj["kind"]: obj for obj in plan.objects}
 
 

@@ -7,12 +7,12 @@ import datetime as dt
 from conftest import H200, gpu_spec, make_node, probe_result
 
 from mmprep_operator import api
-from mmprep_operator.logic import decide, pools, render, status
+from mmprep_operator.logic import decide, identity, pools, status
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
-OWNER = render.Owner("m", "ns", "uid-1")
-SELECTOR = render.selector_string(OWNER)
+OWNER = identity.Owner("m", "ns", "uid-1")
+SELECTOR = identity.selector_string(OWNER)
 
 
 def probe_status(state: str = "Succeeded", **result) -> api.ProbeStatus:
@@ -41,7 +41,7 @@ def observation(
     probe = probe or probe_status(cloneable=cloneable)
     (pool,) = pools.group([make_node("h200-a", H200, gpus=8)], spec).pools
     decisions = (decide.decide_pool(spec, probe.result, pool, []),) if probe.result else ()
-    name = render.deployment_name(OWNER, pool.name)
+    name = identity.deployment_name(OWNER, pool.name)
     return status.Observation(
         generation=kw.get("generation", 1),
         selector=SELECTOR,
