@@ -27,6 +27,7 @@ from mmprep_operator.control import children
 from mmprep_operator.control.children import ChildStore
 from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
 from mmprep_operator.logic import identity, status
+from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.applier")
@@ -97,9 +98,11 @@ class ChildApplier:
             if isinstance(e, ForeignObject):
                 # The Service is applied first (see render.render_children): a conflict on it
                 # stops the apply before any Deployment exists whose pods nothing could reach.
-                problem = status.Problem("NameConflict", f"{e.message}; nothing of this resource is applied until it is resolved")
+                problem = status.Problem(
+                    Reason.NAME_CONFLICT, f"{e.message}; nothing of this resource is applied until it is resolved"
+                )
             else:
-                problem = status.Problem("ApplyFailed", f"the API server rejected a child object: {e.message}")
+                problem = status.Problem(Reason.APPLY_FAILED, f"the API server rejected a child object: {e.message}")
             return Applied(deployments, problem)
         return Applied(deployments)
 

@@ -25,6 +25,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.shared_jobs import read_or_create_job, remember
 from mmprep_operator.kube import KubeApi
 from mmprep_operator.logic import calibration, identity, pools, status
+from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.calibration_jobs")
@@ -61,10 +62,12 @@ class CalibrationJobs:
             skip = calibration.not_needed_reason(d.decision)
             unavailable = calibration.unavailable_reason(spec, self.policy, pool)
             if skip is not None:
-                out[pool.name] = api.PoolCalibration(hash=hash_, state="NotNeeded", reason=calibration.NOT_NEEDED, message=skip)
+                out[pool.name] = api.PoolCalibration(
+                    hash=hash_, state="NotNeeded", reason=Reason.CALIBRATION_NOT_NEEDED, message=skip
+                )
             elif unavailable is not None:
                 out[pool.name] = api.PoolCalibration(
-                    hash=hash_, state="Unavailable", reason=calibration.UNAVAILABLE, message=unavailable
+                    hash=hash_, state="Unavailable", reason=Reason.CALIBRATION_UNAVAILABLE, message=unavailable
                 )
             elif (known := self._known(owner, hash_, before.get(pool.name))) is not None:
                 out[pool.name] = known

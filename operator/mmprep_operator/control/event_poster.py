@@ -1,6 +1,6 @@
 """Deliver the resource's Events to the API server: now, or in order from one background task.
 
-Which Events a status change tells, and what each says, is decided in ``status`` (``events``,
+Which Events a status change tells, and what each says, is decided in ``logic.events`` (``events``,
 ``event_body``); this module only posts them, because posting has a policy of its own that the
 reconcile pass should not carry: Events are best effort (a failed post is logged, never a failed
 reconcile), and after a node change the status writes are what users wait for, so the operator
@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import identity, status
+from mmprep_operator.logic import events, identity
 
 log = logging.getLogger("mmprep.operator.event_poster")
 
-_Pending = tuple[identity.Owner, str | None, status.EventSpec]
+_Pending = tuple[identity.Owner, str | None, events.EventSpec]
 #: How long shutting down waits for the Events still queued: long enough for a backlog after a
 #: node change, short against the pod's termination grace period.
 DRAIN_SECONDS: Final = 5.0
@@ -47,7 +47,7 @@ class EventPoster:
     _backlog: asyncio.Queue[_Pending] | None = None
     _task: asyncio.Task[None] | None = None
 
-    async def post(self, owner: identity.Owner, body: Mapping[str, Any], event: status.EventSpec) -> None:
+    async def post(self, owner: identity.Owner, body: Mapping[str, Any], event: events.EventSpec) -> None:
         """Tell ``event`` about the resource ``body`` (its version is the one the Event names)."""
         version = (body.get("metadata") or {}).get("resourceVersion")
         pending: _Pending = (owner, str(version) if version else None, event)
@@ -93,7 +93,7 @@ class EventPoster:
 
     async def _post(self, pending: _Pending) -> None:
         owner, version, event = pending
-        body = status.event_body(owner, event, resource_version=version, instance=self.instance, now=self.clock())
+        body = events.event_body(owner, event, resource_version=version, instance=self.instance, now=self.clock())
         try:
             await self.kube.post_event(body)
         except ApiError as e:

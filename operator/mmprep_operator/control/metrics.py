@@ -8,8 +8,9 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from mmprep_operator.logic.conditions import CONDITION_TYPES
+
 OUTCOMES: Final = ("done", "decided", "waiting", "invalid", "gone", "error")
-CONDITIONS: Final = ("Ready", "Probed", "Cloneable", "Degraded")
 STATUSES: Final = ("True", "False", "Unknown")
 
 
@@ -65,7 +66,7 @@ class Metrics:
         self._publish()
 
     def _publish(self) -> None:
-        for condition in CONDITIONS:
+        for condition in CONDITION_TYPES:
             for status in STATUSES:
                 self.resources.labels(condition, status).set(self._counts[(condition, status)])
 

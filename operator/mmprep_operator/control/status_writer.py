@@ -23,7 +23,7 @@ from mmprep_operator import api
 from mmprep_operator.control.event_poster import EventPoster
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.kube import Conflict, KubeApi
-from mmprep_operator.logic import identity, status
+from mmprep_operator.logic import events, identity, status
 
 log = logging.getLogger("mmprep.operator.status_writer")
 
@@ -69,6 +69,6 @@ class StatusWriter:
                 log.debug("resource changed since its copy", extra={"namespace": owner.namespace, "resource": owner.name})
                 return None
         self.metrics.set_conditions((owner.namespace, owner.name), {c.type: c.status for c in new.conditions})
-        for event in status.events(previous, new):
+        for event in events.events(previous, new):
             await self.events.post(owner, body, event)
         return Written(new, version)

@@ -31,9 +31,11 @@ from typing import Any, Final
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, jobs, naming, pod_parts
+from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.pools import Pool
 from mmprep_runtime import calibration as runtime_calibration
-from mmprep_runtime.sizing import Reason, WorkerDecision
+from mmprep_runtime.sizing import Reason as WorkerReason
+from mmprep_runtime.sizing import WorkerDecision
 
 LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
@@ -41,14 +43,6 @@ LABEL_POOL: Final = "mmprep.dev/pool"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 TERMINATION_LOG: Final = pod_parts.TERMINATION_LOG
-
-MEASURED, PENDING, FAILED, UNAVAILABLE, NOT_NEEDED = (
-    "Measured",
-    "CalibrationPending",
-    "CalibrationFailed",
-    "CalibrationUnavailable",
-    "CalibrationNotNeeded",
-)
 
 
 def wanted(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> bool:
@@ -178,13 +172,13 @@ def render_job(
 
 def not_needed_reason(decision: WorkerDecision) -> str | None:
     """Why a measurement could not change this pool's count: a rule above Measured decided it."""
-    if decision.reason is Reason.NOT_CLONEABLE:
+    if decision.reason is WorkerReason.NOT_CLONEABLE:
         return "the processor cannot be deep-copied, so 1 worker serves whatever a measurement says"
-    if decision.reason is Reason.NOT_THREAD_SAFE:
+    if decision.reason is WorkerReason.NOT_THREAD_SAFE:
         return "the model declares its processor not thread-safe, so 1 worker serves whatever a measurement says"
-    if decision.reason is Reason.EXPLICIT:
+    if decision.reason is WorkerReason.EXPLICIT:
         return f"spec.workers.processor asks for {decision.processor_workers} worker(s), which wins over a measurement"
-    if decision.reason is Reason.OVERRIDE:
+    if decision.reason is WorkerReason.OVERRIDE:
         return "a per-GPU override decides this pool, and it wins over a measurement"
     return None
 
@@ -202,7 +196,7 @@ def unavailable_reason(spec: api.MultimodalPreprocessorSpec, policy: OperatorPol
 class Outcome:
     state: api.CalibrationState
     report: runtime_calibration.Report | None = None
-    reason: str = PENDING
+    reason: str = Reason.CALIBRATION_PENDING
     message: str = ""
 
 
@@ -215,24 +209,33 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
         if not messages:
             return Outcome(
                 "Failed",
-                reason=FAILED,
+                reason=Reason.CALIBRATION_FAILED,
                 message="the calibration pod finished with no report in its termination message "
                 "(a node that runs no containers, e.g. a simulated one, leaves none)",
             )
         try:
             report = runtime_calibration.Report.from_message(messages[0])
         except runtime_calibration.CalibrationError as e:
-            return Outcome("Failed", reason=FAILED, message=f"{e}: {jobs.tail(messages[0])}")
+            return Outcome("Failed", reason=Reason.CALIBRATION_FAILED, message=f"{e}: {jobs.tail(messages[0])}")
         if report.error is not None or report.chosen is None:
-            return Outcome("Failed", report=report, reason=FAILED, message=f"the calibration could not measure: {report.error}")
-        return Outcome("Succeeded", report=report, reason=MEASURED)
+            return Outcome(
+                "Failed",
+                report=report,
+                reason=Reason.CALIBRATION_FAILED,
+                message=f"the calibration could not measure: {report.error}",
+            )
+        return Outcome("Succeeded", report=report, reason=Reason.MEASURED)
     failed = jobs.failed(job)
     if failed is not None:
         detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))
-        if failed.get("reason") == "DeadlineExceeded":
+        if failed.get("reason") == jobs.DEADLINE_EXCEEDED:
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
-            return Outcome("Failed", reason=FAILED, message=f"the calibration did not finish within {deadline}s ({detail})")
-        return Outcome("Failed", reason=FAILED, message=f"the calibration run failed: {detail}")
+            return Outcome(
+                "Failed",
+                reason=Reason.CALIBRATION_FAILED,
+                message=f"the calibration did not finish within {deadline}s ({detail})",
+            )
+        return Outcome("Failed", reason=Reason.CALIBRATION_FAILED, message=f"the calibration run failed: {detail}")
     active = (job.get("status") or {}).get("active") or 0
     return Outcome("Running" if active else "Pending", message="measuring" if active else "waiting for the calibration pod")
 

@@ -15,6 +15,8 @@ from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, pod_parts
 
+#: The Job controller's reason when a Job ran past its activeDeadlineSeconds.
+DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
 _MESSAGE_TAIL: Final = 600
 
 

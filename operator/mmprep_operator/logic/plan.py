@@ -13,6 +13,7 @@ from typing import Any
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, pools, render, replicas
+from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.decide import PoolDecision, decide_pool
 from mmprep_operator.logic.nodes import NodeFacts
 from mmprep_operator.logic.status import Problem
@@ -55,7 +56,7 @@ def platform_problems(
         arch = pools.pool_arch(pool)
         if arch is not None and not _runs_on(platforms, arch):
             out[pool.name] = api.PoolProblem(
-                reason="ImagePlatformMissing",
+                reason=Reason.IMAGE_PLATFORM_MISSING,
                 message=f"the runtime image is built for {', '.join(platforms)}; pool {pool.name}'s nodes are linux/{arch}, "
                 "so it gets no pods (list the platform in spec.imagePlatforms once the image has it)",
             )
@@ -70,7 +71,7 @@ def _platform_problem(blocked: Mapping[str, api.PoolProblem], pool_count: int) -
     where = "every pool" if every else f"pool(s) {names}"
     # With other pools left the resource still serves (Ready follows their pods); with none it cannot.
     return Problem(
-        "ImagePlatformMissing",
+        Reason.IMAGE_PLATFORM_MISSING,
         f"the runtime image is not built for the architecture of {where}: {next(iter(blocked.values())).message}",
         blocks_ready=every,
     )
@@ -83,8 +84,8 @@ def placement_problem(spec: api.MultimodalPreprocessorSpec, pooling: pools.Pooli
     detail = f"none of {pooling.total_nodes} node(s) is eligible" + (f" ({why})" if why else "")
     if spec.requests_gpu() and pooling.excluded.get("no allocatable GPU"):
         wanted = ", ".join(spec.resources.gpu_resources())
-        return Problem("NoGPUPool", f"pods request {wanted}, but no eligible node has it allocatable: {detail}")
-    return Problem("NoEligibleNodes", detail)
+        return Problem(Reason.NO_GPU_POOL, f"pods request {wanted}, but no eligible node has it allocatable: {detail}")
+    return Problem(Reason.NO_ELIGIBLE_NODES, detail)
 
 
 def make_plan(

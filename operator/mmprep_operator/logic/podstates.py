@@ -16,12 +16,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from mmprep_operator import api
+from mmprep_operator.logic.conditions import Reason
 from mmprep_runtime import exits
 
-UNSCHEDULABLE: Final = "Unschedulable"
-RUNTIME_FAILED: Final = "RuntimeFailed"
 #: Runtime exits that say more than "it failed" (``mmprep_runtime.exits``).
-_EXIT_REASONS: Final = {exits.EXIT_DEVICE_FAILED: "DeviceFailed", exits.EXIT_LOAD_FAILED: "LoadFailed"}
+_EXIT_REASONS: Final = {exits.EXIT_DEVICE_FAILED: Reason.DEVICE_FAILED, exits.EXIT_LOAD_FAILED: Reason.LOAD_FAILED}
 #: Waiting reasons that will not resolve on their own (a crash loop is reported by its exit instead).
 _STUCK_WAITING: Final = frozenset(
     {
@@ -43,7 +42,7 @@ def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> t
     for condition in status.get("conditions") or ():
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             # The scheduler's own words: "0/7 nodes are available: 2 Insufficient cpu, ...".
-            return condition.get("reason") or UNSCHEDULABLE, _clip(condition.get("message") or "no node fits the pod")
+            return condition.get("reason") or Reason.UNSCHEDULABLE, _clip(condition.get("message") or "no node fits the pod")
     for container in status.get("containerStatuses") or ():
         if container.get("ready"):
             continue
@@ -52,7 +51,11 @@ def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> t
         if terminated and int(terminated.get("exitCode") or 0) != 0:
             said = (terminated.get("message") or "").strip() or terminated.get("reason") or "no termination message"
             code = int(terminated.get("exitCode") or 0)
-            reason = _EXIT_REASONS.get(code, RUNTIME_FAILED) if container.get("name") == runtime_container else RUNTIME_FAILED
+            reason = (
+                _EXIT_REASONS.get(code, Reason.RUNTIME_FAILED)
+                if container.get("name") == runtime_container
+                else Reason.RUNTIME_FAILED
+            )
             return reason, _clip(f"container {container.get('name')} exited with code {code}: {said}")
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in _STUCK_WAITING:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, jobs, naming, pod_parts
+from mmprep_operator.logic.conditions import Reason
 from mmprep_runtime.contract import ContractError, json_object
 
 LABEL_COMPONENT_PROBE: Final = "probe"
@@ -120,18 +121,20 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
     if jobs.succeeded(job):
         messages = jobs.terminated_messages(pods, "Succeeded")
         if not messages:
-            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message="the probe pod left no termination message")
+            return ProbeOutcome(
+                "Failed", reason=Reason.PROBE_OUTPUT_UNREADABLE, message="the probe pod left no termination message"
+            )
         try:
             return ProbeOutcome("Succeeded", result=parse_result(messages[0]))
         except ContractError as e:
-            return ProbeOutcome("Failed", reason="ProbeOutputUnreadable", message=f"{e}: {jobs.tail(messages[0])}")
+            return ProbeOutcome("Failed", reason=Reason.PROBE_OUTPUT_UNREADABLE, message=f"{e}: {jobs.tail(messages[0])}")
     if failed is not None:
         detail = _failure_detail(jobs.terminated_messages(pods, "Failed"))
-        if failed.get("reason") == "DeadlineExceeded":
+        if failed.get("reason") == jobs.DEADLINE_EXCEEDED:
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
             return ProbeOutcome(
-                "Failed", reason="ProbeTimedOut", message=f"the probe did not finish within {deadline}s ({detail})"
+                "Failed", reason=Reason.PROBE_TIMED_OUT, message=f"the probe did not finish within {deadline}s ({detail})"
             )
-        return ProbeOutcome("Failed", reason="ProbeFailed", message=f"the model did not load: {detail}")
+        return ProbeOutcome("Failed", reason=Reason.PROBE_FAILED, message=f"the model did not load: {detail}")
     active = (job.get("status") or {}).get("active") or 0
     return ProbeOutcome("Running" if active else "Pending")

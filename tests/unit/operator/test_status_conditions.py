@@ -7,7 +7,7 @@ import datetime as dt
 from conftest import H200, gpu_spec, make_node, probe_result
 
 from mmprep_operator import api
-from mmprep_operator.logic import decide, identity, pools, status
+from mmprep_operator.logic import decide, events, identity, pools, status
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -121,16 +121,16 @@ def test_scaled_to_zero_is_ready() -> None:
 
 def test_events_explain_decisions_and_problems_once() -> None:
     pending = status.fold(None, status.Observation(1, SELECTOR, probe=probe_status("Running")), T0)
-    assert status.events(None, pending) == []
+    assert events.events(None, pending) == []
     decided = status.fold(pending, observation(ready=0), T1)
-    evs = status.events(pending, decided)
+    evs = events.events(pending, decided)
     assert [(e.type, e.reason) for e in evs] == [("Normal", "Decided"), ("Normal", "ProbeSucceeded")]
     assert evs[0].message.startswith("pool nvidia-h200-141gb-hbm3e: gpu path, 1 worker, GPUPathCap")
-    assert status.events(decided, status.fold(decided, observation(ready=0), T1)) == []
+    assert events.events(decided, status.fold(decided, observation(ready=0), T1)) == []
     ready = status.fold(decided, observation(ready=2), T1)
-    assert [(e.type, e.reason) for e in status.events(decided, ready)] == [("Normal", "AllReplicasReady")]
+    assert [(e.type, e.reason) for e in events.events(decided, ready)] == [("Normal", "AllReplicasReady")]
     failed = status.fold(ready, status.Observation(2, SELECTOR, probe=probe_status("Failed")), T1)
-    reasons = [(e.type, e.reason) for e in status.events(ready, failed)]
+    reasons = [(e.type, e.reason) for e in events.events(ready, failed)]
     assert reasons == [("Warning", "ProbeFailed")]  # once, though Probed, Degraded and Ready all say it
     # Nothing was planned, the Deployments were left alone: the status keeps showing them.
     assert [p.name for p in failed.pools] == [p.name for p in ready.pools]
@@ -142,7 +142,7 @@ def test_a_pool_that_vanishes_after_planning_is_announced() -> None:
         decided, status.Observation(1, SELECTOR, probe=probe_status(), problem=status.Problem("NoEligibleNodes", "x")), T1
     )
     assert gone.pools == []
-    assert ("Normal", "PoolRemoved") in [(e.type, e.reason) for e in status.events(decided, gone)]
+    assert ("Normal", "PoolRemoved") in [(e.type, e.reason) for e in events.events(decided, gone)]
 
 
 def test_ready_waits_for_a_rollout_of_the_current_template() -> None:
