@@ -18,6 +18,7 @@ from mmprep_runtime.commands import bench
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import cuda, loading
 from mmprep_runtime.server import app as http_api
+from mmprep_runtime.server import state as server_state
 from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Device, Path
 from mmprep_runtime.testing_media import jpeg
@@ -91,7 +92,7 @@ async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    state = app[http_api.STATE]
+    state = app[server_state.STATE]
     try:
         await asyncio.wait_for(state.settled.wait(), TIMEOUT)
         assert state.startup_error is None, state.startup_error

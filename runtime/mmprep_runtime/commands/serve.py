@@ -24,6 +24,7 @@ from aiohttp import web
 from mmprep_runtime import exits
 from mmprep_runtime.engine import cuda
 from mmprep_runtime.server import app as http_api
+from mmprep_runtime.server import state as server_state
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
 logger = logging.getLogger("mmprep_runtime.commands.serve")
@@ -35,7 +36,7 @@ EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 
 async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None) -> int:
     app = http_api.create_app(settings)
-    state = app[http_api.STATE]
+    state = app[server_state.STATE]
     # No access log: formatting a line per request on the event loop costs throughput at
     # hundreds of requests per second; /metrics counts requests by outcome instead.
     # Handler cancellation: when a client goes away, its request gives up its slot and its job is

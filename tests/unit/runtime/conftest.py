@@ -19,6 +19,7 @@ from aiohttp import web
 from mmprep_runtime import testing_models
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.server import app as http_api
+from mmprep_runtime.server import state as server_state
 from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Backend, Device
 
@@ -128,8 +129,8 @@ class Served:
     client: aiohttp.ClientSession
 
     @property
-    def state(self) -> http_api.ServerState:
-        return self.app[http_api.STATE]
+    def state(self) -> server_state.ServerState:
+        return self.app[server_state.STATE]
 
 
 @pytest.fixture
@@ -148,9 +149,9 @@ async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]
         host, port = runner.addresses[0][:2]
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SERVE_TIMEOUT))
         clients.append(client)
-        await asyncio.wait_for(app[http_api.STATE].settled.wait(), SERVE_TIMEOUT)
-        if app[http_api.STATE].engine is not None:
-            guard_original_processor(app[http_api.STATE].engine)
+        await asyncio.wait_for(app[server_state.STATE].settled.wait(), SERVE_TIMEOUT)
+        if app[server_state.STATE].engine is not None:
+            guard_original_processor(app[server_state.STATE].engine)
         return Served(f"http://{host}:{port}", app, client)
 
     yield start

@@ -24,7 +24,7 @@ from conftest import Served
 from mmprep_runtime import cli, testing_models
 from mmprep_runtime.contract import PoolDecisionEnv
 from mmprep_runtime.engine import core as engine_module
-from mmprep_runtime.server import app as http_api
+from mmprep_runtime.engine import pipeline
 from mmprep_runtime.settings import Limits, Load, ModelSettings, ServeSettings, serve_settings_from_args
 from mmprep_runtime.sizing import Backend, Device, Path, Reason
 from mmprep_runtime.testing_media import jpeg as jpeg_bytes
@@ -358,7 +358,7 @@ async def test_an_unexpected_failure_is_a_json_500_and_counted(start_server, tok
     def broken(*args, **kwargs):
         raise AssertionError("a bug")
 
-    monkeypatch.setattr(http_api.pipeline, "decode_request", broken)
+    monkeypatch.setattr(pipeline, "decode_request", broken)
     status, _, body = await running.post({"text": "x"})
     assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
     async with running.client.get(f"{running.url}/metrics") as response:

@@ -20,7 +20,7 @@ from aiohttp import web
 from conftest import Served
 
 from mmprep_runtime import testing_media
-from mmprep_runtime.server import app as http_api
+from mmprep_runtime.server import state as server_state
 from mmprep_runtime.settings import FetchSettings, Limits, ModelSettings, RenderSettings, ServeSettings, parse_networks
 from mmprep_runtime.sizing import Device
 
@@ -127,7 +127,7 @@ async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qw
     (placeholder,) = features["mm_placeholders"]["image"]
     assert placeholder["length"] == 12  # 112x84 -> 8x6 patches of 14 -> 48 / 2x2 merge
     assert set(answer["token_ids"][placeholder["offset"] : placeholder["offset"] + 12]) == {
-        running.app[http_api.STATE].render_model.image_token_id
+        running.app[server_state.STATE].render_model.image_token_id
     }
     (item,) = features["kwargs_data"]["image"]
     decoded = _decode_item(item)

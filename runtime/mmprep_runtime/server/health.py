@@ -1,0 +1,72 @@
+"""What the server says about itself: liveness, readiness, ``/v1/info`` and ``/metrics``.
+
+``/healthz`` is liveness (200 unless the start failed), ``/readyz`` and vLLM's ``/health`` are
+readiness, all from ``state.not_ready_reason`` so they agree with request admission.
+``/v1/info`` reports the engine (model, path, workers and why, probe facts) and the server's
+limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+from typing import Any
+
+from aiohttp import web
+
+from mmprep_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mmprep_runtime.server.state import STATE, not_ready_reason
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    """vLLM's liveness-and-readiness probe: 200 with an empty body while serving."""
+    return web.Response(status=503 if not_ready_reason(request.app[STATE]) else 200)
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.startup_error is not None:
+        return web.json_response({"status": "failed", "error": str(state.startup_error)}, status=500)
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    reason = not_ready_reason(request.app[STATE])
+    if reason is not None:
+        return web.json_response({"ready": False, "reason": reason}, status=503)
+    return web.json_response({"ready": True})
+
+
+def event_loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
+async def handle_info(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.engine is None:
+        body: dict[str, Any] = {"model": state.settings.model.model, "ready": False}
+        if state.startup_error is not None:
+            body["error"] = str(state.startup_error)
+        return web.json_response(body, status=503)
+    info = state.engine.info()
+    info["ready"] = not state.draining
+    info["queue_capacity"] = state.admission.capacity if state.admission else None
+    info["limits"] = dataclasses.asdict(state.settings.limits)
+    info["deadline_s"] = state.settings.load.deadline_s
+    info["event_loop"] = event_loop_name(asyncio.get_running_loop())
+    if state.render_model is not None:
+        model = state.render_model
+        info["vllm_render"] = {
+            "served_model_name": model.served_name,
+            "max_model_len": model.max_model_len,
+            "pixels": "uint8" if model.device_normalize else "normalized",
+            "fetch_allowed_networks": [str(n) for n in state.settings.render.fetch.allowed_networks],
+        }
+    return web.json_response(info, dumps=functools.partial(json.dumps, indent=2))
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})

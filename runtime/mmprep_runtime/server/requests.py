@@ -1,0 +1,69 @@
+"""What every API request runs inside: readiness, admission, the deadline, metrics, error mapping.
+
+``admitted`` wraps one API handler (``apis.preprocess``, ``apis.vllm_endpoints``): every HTTP
+API shares all of it, only the error JSON's shape is the API's (``render_error``). Errors are
+typed (``errors``): each carries its status; nothing here picks one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from mmprep_runtime import errors
+from mmprep_runtime.apis.http import Answer
+from mmprep_runtime.engine import core, executor
+from mmprep_runtime.server.state import STATE, ServerState, not_ready_reason
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request, ServerState, core.Engine], Awaitable[Answer]]
+ErrorRenderer = Callable[[errors.RequestError], web.Response]
+
+
+async def admitted(request: web.Request, handler: Handler, render_error: ErrorRenderer) -> web.Response:
+    """Readiness, admission, deadline, metrics and error mapping around one API handler."""
+    state = request.app[STATE]
+    arrived = time.perf_counter()
+    outcome = "ok"
+    try:
+        engine, admission, reason = state.engine, state.admission, not_ready_reason(state)
+        if reason is not None or engine is None or admission is None:
+            raise errors.NotReady(f"not ready: {reason or 'the processor is loading'}")
+        if not admission.try_enter():
+            retry = state.settings.load.retry_after_s
+            raise errors.Overloaded(
+                f"all {admission.capacity} request slots are taken; retry in {retry} s",
+                headers={"Retry-After": str(retry)},
+            )
+        try:
+            async with asyncio.timeout(state.settings.load.deadline_s):
+                answer = await handler(request, state, engine)
+                state.metrics.decode_seconds.observe(answer.decode_seconds)
+                return answer.response
+        except executor.NoWorkersLeft as exc:
+            # Every worker's clone failed after start-up: the pod cannot serve (readiness says so).
+            raise errors.NotReady(f"not ready: {exc}") from None
+        except TimeoutError:
+            raise errors.DeadlineExceeded(f"no answer within the deadline of {state.settings.load.deadline_s:g} s") from None
+        finally:
+            admission.leave()
+    except errors.RequestError as error:
+        outcome = error.code
+        if error.status >= 500:
+            logger.warning("%s failed (%d): %s", request.path, error.status, error.message)
+        return render_error(error)
+    except asyncio.CancelledError:
+        outcome = errors.CLIENT_GONE  # the client disconnected (or the server is stopping)
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug: answer like every other failure, log the traceback
+        logger.exception("%s failed unexpectedly", request.path)
+        internal = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
+        outcome = internal.code
+        return render_error(internal)
+    finally:
+        state.metrics.answered(outcome, time.perf_counter() - arrived)
