@@ -228,13 +228,13 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
     one torch thread: where a request's cost goes."""
     import torch
 
-    from mmprep_runtime.apis import openai_chat, vllm_format, vllm_render
+    from mmprep_runtime.apis import openai_chat, vllm_answer, vllm_format, vllm_model, vllm_render
     from mmprep_runtime.engine import loading
     from mmprep_runtime.settings import Limits, RenderSettings
 
     torch.set_num_threads(1)
     processor, facts = loading.load_processor(ModelSettings(str(model)))
-    model_facts = vllm_render.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
+    model_facts = vllm_model.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
     limits = Limits()
     totals: dict[str, float] = {}
     count = 0
@@ -260,7 +260,7 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
             lambda: vllm_render._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype),
         )
         timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
-        rendered = vllm_render.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
+        rendered = vllm_answer.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
         api = vllm_render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
         timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
         count += 1

@@ -3,7 +3,7 @@ render server (``POST /v1/chat/completions/render``, ``POST /v1/completions/rend
 ``GET /v1/models``).
 
 A render request's body goes to ``Engine.serve`` with ``vllm_render.RenderApi`` (the stages);
-the model card is built from ``vllm_render.ModelFacts``. Errors are vLLM's JSON
+the model card is built from ``vllm_model.ModelFacts``. Errors are vLLM's JSON
 (``error_response``, from ``vllm_format.error_body``).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, vllm_format, vllm_render
+from mmprep_runtime.apis import fetching, vllm_format, vllm_model, vllm_render
 from mmprep_runtime.apis.http import JSON_TYPE, Answer, read_json_body
 from mmprep_runtime.engine import core
 from mmprep_runtime.settings import Limits
@@ -31,7 +31,7 @@ def error_response(error: errors.RequestError) -> web.Response:
 async def render(
     request: web.Request,
     engine: core.Engine,
-    model: vllm_render.ModelFacts,
+    model: vllm_model.ModelFacts,
     limits: Limits,
     fetcher: fetching.Fetcher,
     *,
@@ -43,7 +43,7 @@ async def render(
     return Answer(web.Response(body=served.payload, content_type=JSON_TYPE), served.decode_seconds)
 
 
-def model_list(model: vllm_render.ModelFacts, started: int) -> dict[str, Any]:
+def model_list(model: vllm_model.ModelFacts, started: int) -> dict[str, Any]:
     """``GET /v1/models``' answer: the one served model's card, as vLLM writes it."""
     permission = {
         "id": f"modelperm-{started:x}",

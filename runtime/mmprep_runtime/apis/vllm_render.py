@@ -13,90 +13,33 @@ Pixel hand-off (``RenderSettings.normalized_pixels``): by default, like vLLM's `
 a processor that can skip rescale/normalize does so and the pixels leave as uint8 (the GPU
 normalizes; 4x less to copy and send). With ``normalized_pixels`` the processor normalizes and floating
 outputs are cast to the model's dtype, as vLLM does with ``--no-mm-device-do-normalize``.
+
+Neighbours: ``vllm_model`` (what the model is, read at start-up), ``vllm_answer`` (the
+``GenerateRequest`` written from a ``Rendered``), ``vllm_format`` (vLLM's hashes and wire
+formats), ``vllm_endpoints`` (the HTTP handlers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import pathlib
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-import orjson
-
 from mmprep_runtime import errors
 from mmprep_runtime.apis import fetching, openai_chat, vllm_format
+from mmprep_runtime.apis.vllm_answer import Rendered, encode_answer, generate_request
+from mmprep_runtime.apis.vllm_model import ModelFacts
 from mmprep_runtime.engine import decoding, loading, patches, pipeline
 from mmprep_runtime.engine.loading import ProcessorFacts
-from mmprep_runtime.settings import Limits, RenderSettings
+from mmprep_runtime.settings import Limits
 
 #: Processors whose images this API renders: how vLLM cuts processor outputs into items is
 #: model-specific (Qwen2-VL: rows of ``pixel_values`` by ``image_grid_thw``). Others: text only.
 IMAGE_PROCESSORS: Final = loading.DEVICE_NORMALIZE_PROCESSORS
 
 _RGBA_BACKGROUND: Final = (255, 255, 255)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelFacts:
-    """What rendering needs from the model folder beyond the processor."""
-
-    model_id: str
-    served_name: str
-    max_model_len: int
-    dtype: str | None
-    image_token_id: int | None
-    device_normalize: bool
-    #: Placeholders expand to ``grid.prod() / merge_size**2`` tokens (Qwen2-VL's rule): tokenize once.
-    expands_by_grid: bool = False
-
-    @property
-    def processor_kwargs(self) -> dict[str, Any]:
-        return dict(loading.DEVICE_NORMALIZE_KWARGS) if self.device_normalize else {}
-
-
-def _torch_dtype_name(config: Mapping[str, Any]) -> str | None:
-    for source in (config, config.get("text_config") or {}):
-        for key in ("torch_dtype", "dtype"):
-            value = source.get(key)
-            if isinstance(value, str):
-                return value
-    return None
-
-
-def _model_config(model: str) -> dict[str, Any]:
-    folder = pathlib.Path(model)
-    if (folder / "config.json").is_file():
-        return dict(json.loads((folder / "config.json").read_text()))
-    try:  # a hub id: the config sits beside the processor in the cache
-        from transformers import AutoConfig
-
-        return dict(AutoConfig.from_pretrained(model).to_dict())
-    except Exception:  # noqa: BLE001 - no model config: defaults below, as for a bare processor
-        return {}
-
-
-def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
-    config = _model_config(facts.model)
-    text_config = config.get("text_config") or config
-    max_len = text_config.get("max_position_embeddings") or config.get("max_position_embeddings") or 2048
-    token_id = getattr(processor, "image_token_id", None)
-    if token_id is None and facts.image_token:
-        token_id = processor.tokenizer.convert_tokens_to_ids(facts.image_token)
-    return ModelFacts(
-        model_id=facts.model,
-        served_name=settings.served_model_name or facts.model,
-        max_model_len=int(max_len),
-        dtype=_torch_dtype_name(config),
-        image_token_id=token_id,
-        device_normalize=not settings.normalized_pixels and facts.normalizes_on_device,
-        expands_by_grid=facts.normalizes_on_device
-        and token_id is not None
-        and hasattr(getattr(processor, "image_processor", None), "merge_size"),
-    )
 
 
 # ---- images, the way vLLM's media loader decodes them -----------------------------------------
@@ -143,15 +86,6 @@ def _to_rgb(image: Any) -> Any:
 
 
 # ---- processing ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Rendered:
-    token_ids: Any  # 1-D int64 numpy array
-    hashes: list[str]
-    placeholders: list[dict[str, int]]
-    items: list[dict[str, vllm_format.KwargsElement]]
-    request: openai_chat.RenderRequest
 
 
 def _chat_template(processor: Any) -> str | None:
@@ -274,122 +208,6 @@ def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[di
         }
         for index, (a, b) in enumerate(slices)
     ]
-
-
-# ---- the answer ---------------------------------------------------------------------------------
-
-#: ``SamplingParams.output_kind``: a rendered, non-streaming request gets only the final output.
-_OUTPUT_KIND_DELTA: Final = 1
-_OUTPUT_KIND_FINAL_ONLY: Final = 2
-
-
-#: ``ChatCompletionRequest``'s float sampling fields with their OpenAI defaults: vLLM always
-#: serializes them (msgspec omits a default only when it is the very default object).
-_FLOAT_FIELDS: Final = {
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-}
-#: Fields serialized only when they differ from ``SamplingParams``' defaults.
-_OTHER_DEFAULTS: Final = {
-    "top_k": 0,
-    "n": 1,
-    "min_tokens": 0,
-    "ignore_eos": False,
-    "skip_special_tokens": True,
-    "spaces_between_special_tokens": True,
-    "include_stop_str_in_output": False,
-}
-
-
-def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
-    """``sampling_params`` as vLLM's render serializes the ``SamplingParams`` it builds."""
-    if prompt_tokens > max_model_len:
-        raise errors.BadRequest(f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len}).")
-    room = max_model_len - prompt_tokens
-    max_tokens = min(room, request.max_tokens) if request.max_tokens is not None else room
-    sampling = request.sampling
-    params: dict[str, Any] = {name: float(sampling.get(name, default)) for name, default in _FLOAT_FIELDS.items()}
-    for name, default in _OTHER_DEFAULTS.items():
-        if name in sampling and sampling[name] != default:
-            params[name] = sampling[name]
-    if "seed" in sampling:
-        params["seed"] = sampling["seed"]
-    stop = sampling.get("stop") or []
-    params["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    params["stop_token_ids"] = list(sampling.get("stop_token_ids") or [])
-    params["max_tokens"] = max_tokens
-    params["output_kind"] = _OUTPUT_KIND_DELTA if request.stream else _OUTPUT_KIND_FINAL_ONLY
-    params["skip_clone"] = True
-    params["bad_words"] = []
-    params["skip_reading_prefix_cache"] = False
-    return params
-
-
-#: Stands in for each kwargs item while the answer's JSON is written, then replaced by its bytes;
-#: a per-process random part, so no user-supplied string (a model name) can collide with it.
-_MARKER: Final = f"mmprep-kwargs-{uuid.uuid4().hex}-"
-
-
-def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> tuple[dict[str, Any], list[bytes]]:
-    """The ``GenerateRequest`` as a JSON-ready dict whose kwargs items are markers, and the items'
-    base64 (``encode_answer`` splices them in: megabytes that never become a Python str)."""
-    request = rendered.request
-    body: dict[str, Any] = {
-        "request_id": request_id,
-        "token_ids": rendered.token_ids,
-        "sampling_params": sampling_params(request, len(rendered.token_ids), model.max_model_len),
-        "model": request.model,
-        "stream": request.stream,
-        "priority": request.priority,
-    }
-    blobs: list[bytes] = []
-    if rendered.items:
-        metadata = [vllm_format.metadata_item(item) for item in rendered.items]
-        markers = []
-        for item in rendered.items:
-            markers.append(f"{_MARKER}{len(blobs)}")
-            blobs.append(vllm_format.kwargs_item_base64(item))
-        body["features"] = {
-            "mm_hashes": {"image": rendered.hashes},
-            "mm_placeholders": {"image": rendered.placeholders},
-            "kwargs_data": {"image": markers},
-            "mm_metadata": {"image": [vllm_format.encode_kwargs_item(m) if m else None for m in metadata]},
-        }
-    if request.chat:
-        # The template arguments the answer was rendered with, vLLM's server defaults included.
-        template_kwargs = {
-            "cohere_format": "cmd4",
-            "add_generation_prompt": request.add_generation_prompt,
-            "continue_final_message": False,
-        }
-        body["parse_context"] = {
-            "tools": None,
-            "tool_choice": "none",
-            "parallel_tool_calls": True,
-            "include_reasoning": True,
-            "chat_template_kwargs": template_kwargs,
-            "history_tool_call_cnt": 0,
-        }
-    return body, blobs
-
-
-def encode_answer(answer: Any, blobs: list[bytes]) -> bytes:
-    """JSON bytes of ``answer`` with each marker string replaced by its base64 blob (as a string)."""
-    text = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return text
-    pieces: list[bytes] = []
-    rest = text
-    for index, blob in enumerate(blobs):
-        before, found, rest = rest.partition(f"{_MARKER}{index}".encode())
-        assert found, "every kwargs item has its marker"
-        pieces += [before, blob]
-    pieces.append(rest)
-    return b"".join(pieces)
 
 
 # ---- the API over the engine --------------------------------------------------------------------

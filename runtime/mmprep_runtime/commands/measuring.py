@@ -276,12 +276,12 @@ def request_body(api: str, size: tuple[int, int], *, seed: int = 0) -> bytes:
 
 
 def served_api(running: engine.Engine, api: str, fetcher: Any = None) -> Any:
-    from mmprep_runtime.apis import vllm_render
+    from mmprep_runtime.apis import vllm_model, vllm_render
     from mmprep_runtime.settings import RenderSettings
 
     if api == "preprocess":
         return pipeline.PreprocessApi(running.facts, Limits())
-    model = vllm_render.model_facts(running.processor, running.facts, RenderSettings())
+    model = vllm_model.model_facts(running.processor, running.facts, RenderSettings())
     return vllm_render.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
 
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from mmprep_runtime.apis import vllm_render
+from mmprep_runtime.apis import vllm_model
 from mmprep_runtime.engine import core as engine_module
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.state import ServerState
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 EngineFactory = Callable[..., engine_module.Engine]
 
 
-def install_engine(state: ServerState, engine: engine_module.Engine, render_model: vllm_render.ModelFacts) -> None:
+def install_engine(state: ServerState, engine: engine_module.Engine, render_model: vllm_model.ModelFacts) -> None:
     queue = state.settings.load.queue_size
     if queue is None:
         queue = 4 * engine.decision.processor_workers
@@ -44,7 +44,7 @@ def install_engine(state: ServerState, engine: engine_module.Engine, render_mode
 async def start_engine(state: ServerState, factory: EngineFactory) -> None:
     settings = state.settings
 
-    def start() -> tuple[engine_module.Engine, vllm_render.ModelFacts]:
+    def start() -> tuple[engine_module.Engine, vllm_model.ModelFacts]:
         # Off the event loop, like the load: the render API's model facts read the model's config
         # (a file, or the hub for a model id).
         engine = factory(
@@ -56,7 +56,7 @@ async def start_engine(state: ServerState, factory: EngineFactory) -> None:
             operator_decision=settings.operator_decision,
         )
         try:
-            return engine, vllm_render.model_facts(engine.processor, engine.facts, settings.render)
+            return engine, vllm_model.model_facts(engine.processor, engine.facts, settings.render)
         except BaseException:
             engine.close()
             raise

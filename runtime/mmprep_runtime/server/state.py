@@ -14,7 +14,7 @@ from typing import Final
 
 from aiohttp import web
 
-from mmprep_runtime.apis import fetching, vllm_render
+from mmprep_runtime.apis import fetching, vllm_model
 from mmprep_runtime.engine import core
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.metrics import Metrics
@@ -28,7 +28,7 @@ class ServerState:
     fetcher: fetching.Fetcher
     engine: core.Engine | None = None
     #: The vLLM render API's view of the model (served name, context length, pixel hand-off).
-    render_model: vllm_render.ModelFacts | None = None
+    render_model: vllm_model.ModelFacts | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
     draining: bool = False

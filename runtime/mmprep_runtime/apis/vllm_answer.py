@@ -1,0 +1,146 @@
+"""The vLLM render API's answer: a rendered request as the ``GenerateRequest`` vLLM's generate
+server accepts, written the way vLLM's own render server writes it.
+
+``generate_request`` builds the JSON-ready body (token ids, ``features`` with hashes,
+placeholders, kwargs items and their metadata, ``sampling_params`` with vLLM's defaults and
+serialization rules); ``encode_answer`` writes it with orjson and splices in each kwargs item's
+base64 (megabytes that never become a Python str). The wire formats themselves are
+``vllm_format``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any, Final
+
+import orjson
+
+from mmprep_runtime import errors
+from mmprep_runtime.apis import openai_chat, vllm_format
+from mmprep_runtime.apis.vllm_model import ModelFacts
+
+
+@dataclasses.dataclass
+class Rendered:
+    """One request after the processor: what the answer is written from."""
+
+    token_ids: Any  # 1-D int64 numpy array
+    hashes: list[str]
+    placeholders: list[dict[str, int]]
+    items: list[dict[str, vllm_format.KwargsElement]]
+    request: openai_chat.RenderRequest
+
+
+#: ``SamplingParams.output_kind``: a rendered, non-streaming request gets only the final output.
+_OUTPUT_KIND_DELTA: Final = 1
+_OUTPUT_KIND_FINAL_ONLY: Final = 2
+
+
+#: ``ChatCompletionRequest``'s float sampling fields with their OpenAI defaults: vLLM always
+#: serializes them (msgspec omits a default only when it is the very default object).
+_FLOAT_FIELDS: Final = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+}
+#: Fields serialized only when they differ from ``SamplingParams``' defaults.
+_OTHER_DEFAULTS: Final = {
+    "top_k": 0,
+    "n": 1,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False,
+}
+
+
+def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
+    """``sampling_params`` as vLLM's render serializes the ``SamplingParams`` it builds."""
+    if prompt_tokens > max_model_len:
+        raise errors.BadRequest(f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len}).")
+    room = max_model_len - prompt_tokens
+    max_tokens = min(room, request.max_tokens) if request.max_tokens is not None else room
+    sampling = request.sampling
+    params: dict[str, Any] = {name: float(sampling.get(name, default)) for name, default in _FLOAT_FIELDS.items()}
+    for name, default in _OTHER_DEFAULTS.items():
+        if name in sampling and sampling[name] != default:
+            params[name] = sampling[name]
+    if "seed" in sampling:
+        params["seed"] = sampling["seed"]
+    stop = sampling.get("stop") or []
+    params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    params["stop_token_ids"] = list(sampling.get("stop_token_ids") or [])
+    params["max_tokens"] = max_tokens
+    params["output_kind"] = _OUTPUT_KIND_DELTA if request.stream else _OUTPUT_KIND_FINAL_ONLY
+    params["skip_clone"] = True
+    params["bad_words"] = []
+    params["skip_reading_prefix_cache"] = False
+    return params
+
+
+#: Stands in for each kwargs item while the answer's JSON is written, then replaced by its bytes;
+#: a per-process random part, so no user-supplied string (a model name) can collide with it.
+_MARKER: Final = f"mmprep-kwargs-{uuid.uuid4().hex}-"
+
+
+def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> tuple[dict[str, Any], list[bytes]]:
+    """The ``GenerateRequest`` as a JSON-ready dict whose kwargs items are markers, and the items'
+    base64 (``encode_answer`` splices them in: megabytes that never become a Python str)."""
+    request = rendered.request
+    body: dict[str, Any] = {
+        "request_id": request_id,
+        "token_ids": rendered.token_ids,
+        "sampling_params": sampling_params(request, len(rendered.token_ids), model.max_model_len),
+        "model": request.model,
+        "stream": request.stream,
+        "priority": request.priority,
+    }
+    blobs: list[bytes] = []
+    if rendered.items:
+        metadata = [vllm_format.metadata_item(item) for item in rendered.items]
+        markers = []
+        for item in rendered.items:
+            markers.append(f"{_MARKER}{len(blobs)}")
+            blobs.append(vllm_format.kwargs_item_base64(item))
+        body["features"] = {
+            "mm_hashes": {"image": rendered.hashes},
+            "mm_placeholders": {"image": rendered.placeholders},
+            "kwargs_data": {"image": markers},
+            "mm_metadata": {"image": [vllm_format.encode_kwargs_item(m) if m else None for m in metadata]},
+        }
+    if request.chat:
+        # The template arguments the answer was rendered with, vLLM's server defaults included.
+        template_kwargs = {
+            "cohere_format": "cmd4",
+            "add_generation_prompt": request.add_generation_prompt,
+            "continue_final_message": False,
+        }
+        body["parse_context"] = {
+            "tools": None,
+            "tool_choice": "none",
+            "parallel_tool_calls": True,
+            "include_reasoning": True,
+            "chat_template_kwargs": template_kwargs,
+            "history_tool_call_cnt": 0,
+        }
+    return body, blobs
+
+
+def encode_answer(answer: Any, blobs: list[bytes]) -> bytes:
+    """JSON bytes of ``answer`` with each marker string replaced by its base64 blob (as a string)."""
+    text = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return text
+    pieces: list[bytes] = []
+    rest = text
+    for index, blob in enumerate(blobs):
+        before, found, rest = rest.partition(f"{_MARKER}{index}".encode())
+        assert found, "every kwargs item has its marker"
+        pieces += [before, blob]
+    pieces.append(rest)
+    return b"".join(pieces)

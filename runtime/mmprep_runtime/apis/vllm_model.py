@@ -1,0 +1,78 @@
+"""What the vLLM render API needs to know about the model beyond its processor (``ModelFacts``).
+
+Read once at start-up (``model_facts``, from the model folder's ``config.json`` or the hub's
+config): the name it is served under, its context length, its dtype, its image token, and
+whether its pixels leave as uint8 for the GPU to normalize (the processor's facts say whether it
+can; ``RenderSettings.normalized_pixels`` says whether to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from mmprep_runtime.engine import loading
+from mmprep_runtime.engine.loading import ProcessorFacts
+from mmprep_runtime.settings import RenderSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What rendering needs from the model folder beyond the processor."""
+
+    model_id: str
+    served_name: str
+    max_model_len: int
+    dtype: str | None
+    image_token_id: int | None
+    device_normalize: bool
+    #: Placeholders expand to ``grid.prod() / merge_size**2`` tokens (Qwen2-VL's rule): tokenize once.
+    expands_by_grid: bool = False
+
+    @property
+    def processor_kwargs(self) -> dict[str, Any]:
+        return dict(loading.DEVICE_NORMALIZE_KWARGS) if self.device_normalize else {}
+
+
+def _torch_dtype_name(config: Mapping[str, Any]) -> str | None:
+    for source in (config, config.get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):
+            value = source.get(key)
+            if isinstance(value, str):
+                return value
+    return None
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    folder = pathlib.Path(model)
+    if (folder / "config.json").is_file():
+        return dict(json.loads((folder / "config.json").read_text()))
+    try:  # a hub id: the config sits beside the processor in the cache
+        from transformers import AutoConfig
+
+        return dict(AutoConfig.from_pretrained(model).to_dict())
+    except Exception:  # noqa: BLE001 - no model config: defaults below, as for a bare processor
+        return {}
+
+
+def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
+    config = _model_config(facts.model)
+    text_config = config.get("text_config") or config
+    max_len = text_config.get("max_position_embeddings") or config.get("max_position_embeddings") or 2048
+    token_id = getattr(processor, "image_token_id", None)
+    if token_id is None and facts.image_token:
+        token_id = processor.tokenizer.convert_tokens_to_ids(facts.image_token)
+    return ModelFacts(
+        model_id=facts.model,
+        served_name=settings.served_model_name or facts.model,
+        max_model_len=int(max_len),
+        dtype=_torch_dtype_name(config),
+        image_token_id=token_id,
+        device_normalize=not settings.normalized_pixels and facts.normalizes_on_device,
+        expands_by_grid=facts.normalizes_on_device
+        and token_id is not None
+        and hasattr(getattr(processor, "image_processor", None), "merge_size"),
+    )
