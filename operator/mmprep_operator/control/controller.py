@@ -46,6 +46,18 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 @dataclasses.dataclass
+class _Watched:
+    """What the controller keeps of one resource between events: one entry, forgotten at once."""
+
+    #: What a change must move to be worth a reconcile (generation, reprobe annotation, uid).
+    fingerprint: tuple[Any, ...]
+    #: The parsed spec (None: invalid), to tell which resources a node change can affect.
+    spec: api.MultimodalPreprocessorSpec | None
+    #: The latest copy the watch delivered (read-only; see ``Controller.watched``).
+    body: Mapping[str, Any]
+
+
+@dataclasses.dataclass
 class Controller:
     metrics: Metrics
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
@@ -58,14 +70,10 @@ class Controller:
     backoff: Backoff[Key] = dataclasses.field(default_factory=Backoff)
     reconciler: Reconciler | None = None
     # Last seen facts, to tell changes that matter from heartbeats.
-    _resources: dict[Key, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    _watched: dict[Key, _Watched] = dataclasses.field(default_factory=dict)
     _nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
     #: Shared with the reconciler: what the watch shows of the children.
     children: ChildStore = dataclasses.field(default_factory=ChildStore)
-    #: Parsed specs (None: invalid), to tell which resources a node change can affect.
-    _specs: dict[Key, api.MultimodalPreprocessorSpec | None] = dataclasses.field(default_factory=dict)
-    #: The latest copy of each resource the watch delivered (read-only; see ``watched``).
-    _bodies: dict[Key, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------------------- events
@@ -74,26 +82,32 @@ class Controller:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
-            self._resources.pop(key, None)
-            self._specs.pop(key, None)
-            self._bodies.pop(key, None)
+            self._forget(key)
             self.queue.forget(key)
-            self.backoff.reset(key)
             self.metrics.set_conditions(key, None)
             return
-        self._bodies[key] = dict(body)  # a shallow copy: each event brings a new object
+        copy = dict(body)  # a shallow copy: each event brings a new object
         fingerprint = (meta.get("generation"), (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE), meta.get("uid"))
-        if self._resources.get(key) != fingerprint:
-            self._resources[key] = fingerprint
-            try:
-                self._specs[key] = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
-            except ValidationError:
-                self._specs[key] = None  # the reconciler reports it; here it means "always look"
-            self.queue.add(key)
+        known = self._watched.get(key)
+        if known is not None and known.fingerprint == fingerprint:
+            known.body = copy
+            return
+        try:
+            spec: api.MultimodalPreprocessorSpec | None = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            spec = None  # the reconciler reports it; here it means "always look"
+        self._watched[key] = _Watched(fingerprint, spec, copy)
+        self.queue.add(key)
+
+    def _forget(self, key: Key) -> None:
+        """Drop all that is kept for a resource that is gone (deleted, or a pass found it missing)."""
+        self._watched.pop(key, None)
+        self.backoff.reset(key)
 
     def watched(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The watch's latest copy of a resource (it may lag behind the API: check its version)."""
-        return self._bodies.get((namespace, name))
+        known = self._watched.get((namespace, name))
+        return known.body if known is not None else None
 
     def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         facts = node_facts(body)
@@ -105,8 +119,8 @@ class Controller:
             self._nodes.pop(facts.name, None)
         else:
             self._nodes[facts.name] = new
-        for key in list(self._resources):
-            spec = self._specs.get(key)
+        for key, known in list(self._watched.items()):
+            spec = known.spec
             # Only resources that could place pods on the node, before or after, can see a change.
             # (The count of excluded nodes in a NoEligibleNodes message refreshes at the next resync.)
             if spec is None or _could_use(spec, old) or _could_use(spec, new):
@@ -119,14 +133,14 @@ class Controller:
         namespace = meta.get("namespace", "")
         if kind == "Job":
             # A probe Job may serve several resources of its namespace (one per model).
-            for key in self._resources:
+            for key in self._watched:
                 if key[0] == namespace:
                     self.queue.add(key)
             return
         if kind == "Pod":
             # A runtime pod is owned by a ReplicaSet; its resource label names the resource.
             resource = (meta.get("labels") or {}).get(identity.LABEL_RESOURCE)
-            for key in self._resources:
+            for key in self._watched:
                 if key[0] == namespace and naming.label_value(key[1]) == resource:
                     self.queue.add(key)
             return
@@ -135,7 +149,7 @@ class Controller:
                 self.queue.add((namespace, ref.get("name", "")))
 
     def requeue_all(self) -> None:
-        for key in list(self._resources):
+        for key in list(self._watched):
             self.queue.add(key)
 
     # ------------------------------------------------------------------------------ workers
@@ -194,10 +208,7 @@ class Controller:
         self.metrics.reconciles.labels(outcome.kind).inc()
         log.info("reconciled", extra={"namespace": key[0], "resource": key[1], "outcome": outcome.kind})
         if outcome.kind == "gone":
-            self._resources.pop(key, None)
-            self._specs.pop(key, None)
-            self._bodies.pop(key, None)
-            self.backoff.reset(key)
+            self._forget(key)
             return
         if outcome.kind == "error":
             self.queue.add_after(key, self.backoff.next(key))
