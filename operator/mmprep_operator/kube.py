@@ -23,6 +23,7 @@ from urllib.parse import quote
 import aiohttp
 
 from mmprep_operator import api
+from mmprep_operator.bounded import remember
 
 FIELD_MANAGER: Final = "mmprep-operator"
 _TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
@@ -291,7 +292,7 @@ class RestKubeApi:
             return
         try:
             await self._call("POST", path, body=event, content_type="application/json")
-            self._remember_event(key, int(event.get("count") or 1))
+            remember(self._event_counts, key, int(event.get("count") or 1), size=_EVENT_COUNTS_KEPT)
         except Conflict:
             # The same event again: bump its count instead of creating a duplicate.
             existing = await self._call("GET", f"{path}/{quote(meta['name'])}", missing_ok=True) or {}
@@ -310,14 +311,8 @@ class RestKubeApi:
         if result is None:
             self._event_counts.pop(key, None)
             return False
-        self._remember_event(key, count)
+        remember(self._event_counts, key, count, size=_EVENT_COUNTS_KEPT)
         return True
-
-    def _remember_event(self, key: tuple[str, str], count: int) -> None:
-        self._event_counts.pop(key, None)
-        self._event_counts[key] = count
-        while len(self._event_counts) > _EVENT_COUNTS_KEPT:
-            self._event_counts.pop(next(iter(self._event_counts)))
 
 
 def _error(status: int, text: str) -> ApiError:

@@ -22,7 +22,8 @@ from typing import Any
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.control.shared_jobs import read_or_create_job, remember
+from mmprep_operator.bounded import remember
+from mmprep_operator.control.shared_jobs import CACHE_SIZE, read_or_create_job
 from mmprep_operator.kube import KubeApi
 from mmprep_operator.logic import calibration, identity, pools, status
 from mmprep_operator.logic.conditions import Reason
@@ -81,7 +82,7 @@ class CalibrationJobs:
         key = (owner.namespace, hash_)
         if previous is not None and previous.hash == hash_ and calibration.settled(previous.state):
             if key not in self.cache:  # what was read from a Job (the newer) wins
-                remember(self.cache, key, previous)
+                remember(self.cache, key, previous, size=CACHE_SIZE)
             return previous
         return self.cache.get(key)
 
@@ -104,5 +105,5 @@ class CalibrationJobs:
             hash_, outcome, job=name, node=selector.get(calibration.HOSTNAME_LABEL), measured_at=status.timestamp(self.clock())
         )
         if calibration.settled(result.state):
-            remember(self.cache, (owner.namespace, hash_), result)
+            remember(self.cache, (owner.namespace, hash_), result, size=CACHE_SIZE)
         return result

@@ -22,8 +22,9 @@ import logging
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.bounded import remember
 from mmprep_operator.control.metrics import Metrics
-from mmprep_operator.control.shared_jobs import read_or_create_job, remember
+from mmprep_operator.control.shared_jobs import CACHE_SIZE, read_or_create_job
 from mmprep_operator.kube import KubeApi
 from mmprep_operator.logic import identity, probe
 
@@ -44,7 +45,7 @@ class ProbeJobs:
         """The probe's state when it needs no API call; None: only its Job can tell."""
         if previous is not None and previous.probe is not None and previous.probe.hash == hash_:
             if previous.probe.state == "Succeeded" and previous.probe.result is not None:
-                remember(self.cache, (owner.namespace, hash_), previous.probe.result)
+                remember(self.cache, (owner.namespace, hash_), previous.probe.result, size=CACHE_SIZE)
                 return previous.probe
             if previous.probe.state == "Failed":
                 # A failed probe stays failed until something it depends on changes (or the user
@@ -66,7 +67,7 @@ class ProbeJobs:
             log.info("probe job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": job_name})
         outcome = probe.read_outcome(job, pods)
         if outcome.state == "Succeeded" and outcome.result is not None:
-            remember(self.cache, (owner.namespace, hash_), outcome.result)
+            remember(self.cache, (owner.namespace, hash_), outcome.result, size=CACHE_SIZE)
         return api.ProbeStatus(
             hash=hash_, job=job_name, state=outcome.state, reason=outcome.reason, message=outcome.message, result=outcome.result
         )

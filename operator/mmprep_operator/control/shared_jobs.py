@@ -4,7 +4,7 @@ A probe or calibration Job is named by the hash of its inputs, so resources of o
 that would run the same Job run it once: the first creates it, the others add themselves as
 owners (``share_job``), and the garbage collector removes it only when all of them are gone.
 Their answers are kept per (namespace, hash) in a cache bounded like a small LRU
-(``remember``): an answer is also kept in each resource's status and in the Job, so a lost
+(``bounded.remember``): an answer is also kept in each resource's status and in the Job, so a lost
 entry costs one read, never a wrong answer.
 
 Neighbours: ``probe_jobs`` and ``calibration_jobs`` read their Jobs through ``read_or_create_job``; ``kube`` is
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from mmprep_operator.kube import Conflict, KubeApi
 from mmprep_operator.logic import identity, jobs
@@ -24,17 +24,6 @@ log = logging.getLogger("mmprep.operator.shared_jobs")
 
 #: Entries per answer cache: one per distinct model (and pool) per namespace in use.
 CACHE_SIZE: Final = 1024
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-
-
-def remember(cache: dict[_K, _V], key: _K, value: _V, *, size: int = CACHE_SIZE) -> None:
-    """Put ``value`` in ``cache`` as its newest entry; beyond ``size`` entries the oldest goes."""
-    cache.pop(key, None)
-    cache[key] = value
-    while len(cache) > size:
-        cache.pop(next(iter(cache)))
 
 
 def owned_by(job: Mapping[str, Any], owner: identity.Owner) -> bool:

@@ -311,12 +311,13 @@ async def test_a_resource_deleted_during_its_reconcile_is_gone_not_an_error(clus
 
 def test_the_probe_cache_is_bounded(cluster: Cluster) -> None:
     from mmprep_operator.api import ProbeResult
-    from mmprep_operator.control.shared_jobs import CACHE_SIZE, remember
+    from mmprep_operator.bounded import remember
+    from mmprep_operator.control.shared_jobs import CACHE_SIZE
 
     result = ProbeResult(cloneable=True)
     probes = cluster.reconciler.probes
     for i in range(CACHE_SIZE + 5):
-        remember(probes.cache, ("ns", f"h{i}"), result)
+        remember(probes.cache, ("ns", f"h{i}"), result, size=CACHE_SIZE)
     assert len(probes.cache) == CACHE_SIZE
     assert ("ns", "h0") not in probes.cache and ("ns", f"h{CACHE_SIZE + 4}") in probes.cache
 
