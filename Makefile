@@ -68,9 +68,15 @@ images:
 helm-lint: venv control-plane
 	$(PY) -m pytest tests/e2e/test_helm_chart.py
 
+# The CRD, generated from the operator's models by one command into both committed copies: crds/
+# (kubectl apply -f crds/) and the chart's crds/ (Helm installs it from there). A unit test
+# (tests/unit/operator/test_crd_generation.py) fails when either drifts.
+CRD_FILE := multimodalpreprocessors.mmprep.dev.yaml
+crd: venv
+	$(VENV)/bin/mmprep-operator crd | tee crds/$(CRD_FILE) > charts/mmprep/crds/$(CRD_FILE)
+
 # Regenerates what the chart copies from the operator: its CRD and its RBAC rules.
-chart-sync: venv
-	$(VENV)/bin/mmprep-operator crd > charts/mmprep/crds/multimodalpreprocessors.mmprep.dev.yaml
+chart-sync: crd
 	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
 
 # The kind node image, built offline from Debian packages and Go modules (hack/kind/; cached).

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging_support import (
+from support.kube import wait_for
+from support.packaging import (
     DOCKER_HACK,
     OPERATOR_IMAGE,
     REPO,
@@ -34,7 +35,6 @@ from packaging_support import (
     require_docker,
     venv_script,
 )
-from support.kube import wait_for
 from support.servers import free_port
 
 # The first test pays for building the images in its setup: minutes on a new machine (debootstrap,
@@ -293,7 +293,7 @@ def test_charts_operator_pod_run_from_the_image_reconciles_on_the_local_control_
     import base64
 
     import yaml as _yaml
-    from chart_cluster import full_reconcile, installed_chart, wait_until_granted
+    from support.chart_cluster import full_reconcile, installed_chart, wait_until_granted
 
     namespace = private_namespace  # watched by this container only
     health, metrics = free_port(), free_port()  # host network: the chart's default ports may be taken

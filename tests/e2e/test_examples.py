@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from example_scenarios import (
+from support.example_scenarios import (
     example_names,
     expected_pools,
     load_example,
@@ -24,8 +24,8 @@ from example_scenarios import (
     wait_until_decided_and_ready,
     write_models_dir,
 )
-from packaging_support import EXAMPLES, HACK, venv_script
 from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube
+from support.packaging import EXAMPLES, HACK, venv_script
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging_support import (
+from support.packaging import (
     CHART,
-    REPO,
     VERSION,
     helm,
     normalized_rules,
@@ -142,13 +141,6 @@ def test_runtime_image_defaults_to_the_chart_app_version() -> None:
     assert OperatorPolicy().default_image == data["defaultImage"]
 
 
-def test_committed_rbac_file_is_what_the_operator_declares() -> None:
-    committed = (CHART / "files" / "operator-clusterrole.yaml").read_text()
-    assert committed == operator_cli("rbac"), (
-        "charts/mmprep/files/operator-clusterrole.yaml drifted from `mmprep-operator rbac`; run `make chart-sync`"
-    )
-
-
 def test_chart_rbac_grants_exactly_the_operators_rules() -> None:
     declared = normalized_rules(yaml.safe_load(operator_cli("rbac"))["rules"])
     for values in ({}, ALL_FEATURES):
@@ -215,15 +207,6 @@ def test_all_namespaces_binds_both_roles_cluster_wide() -> None:
 )
 def test_values_schema_rejects_bad_values_with_the_field_named(values: dict, complaint: str) -> None:
     assert complaint in template_error(values)
-
-
-def test_crds_in_the_chart_are_what_the_models_generate() -> None:
-    (chart_crd,) = sorted((CHART / "crds").glob("*.yaml"))
-    assert chart_crd.read_text() == operator_cli("crd"), (
-        "charts/mmprep/crds drifted from `mmprep-operator crd`; run `make chart-sync`"
-    )
-    repo_crds = sorted((REPO / "crds").glob("*.yaml"))
-    assert [p.read_text() for p in repo_crds] == [chart_crd.read_text()], "charts/mmprep/crds differs from crds/"
 
 
 def test_runtime_service_monitor_selects_the_services_the_operator_renders() -> None:

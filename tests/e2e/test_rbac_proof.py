@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart, wait_until_granted
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.chart_cluster import api_for, forbidden, foreign_deployment, full_reconcile, installed_chart, wait_until_granted
 from support.kube import Cluster, Kube, wait_for
 from support.operator_process import OperatorProcess
 
@@ -166,7 +166,7 @@ def test_operator_leaves_a_same_named_deployment_it_does_not_own_and_says_so(
 ) -> None:
     """RBAC cannot protect a Deployment in a watched namespace from the operator; its code must:
     it does not overwrite an object another owner controls, and reports NameConflict instead."""
-    from chart_cluster import make_spec
+    from support.chart_cluster import make_spec
 
     name = "takeover"
     owner = identity.Owner(name=name, namespace=namespace)
@@ -200,7 +200,7 @@ def test_every_object_the_chart_renders_is_valid_for_the_real_api_server(
     """Server-side dry run of the chart's objects (schemas of the real API server, RBAC objects
     included; the monitoring kinds need the Prometheus Operator's CRDs, absent here)."""
     import yaml
-    from packaging_support import template
+    from support.packaging import template
 
     values: dict = {"policy": {"overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}}
     if scope == "watched-namespace":

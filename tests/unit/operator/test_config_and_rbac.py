@@ -116,3 +116,10 @@ def test_run_without_credentials_exits_2_with_one_line(tmp_path: pathlib.Path, m
     assert "no usable Kubernetes credentials" in err and "Traceback" not in err
     assert main(["run", "--policy-file", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read policy file" in capsys.readouterr().err
+
+
+def test_the_charts_rbac_file_is_what_the_operator_declares() -> None:
+    committed = pathlib.Path(__file__).resolve().parents[3] / "charts" / "mmprep" / "files" / "operator-clusterrole.yaml"
+    assert committed.read_text() == rbac.cluster_role_yaml(), (
+        "charts/mmprep/files/operator-clusterrole.yaml drifted from `mmprep-operator rbac`; run `make chart-sync`"
+    )

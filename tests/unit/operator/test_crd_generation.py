@@ -13,12 +13,17 @@ from mmprep_operator.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "crds" / "multimodalpreprocessors.mmprep.dev.yaml"
+#: Both committed copies, written by one command (`make crd`): crds/ and the chart's.
+COPIES = [COMMITTED, REPO / "charts" / "mmprep" / "crds" / COMMITTED.name]
 
 
-def test_committed_crd_matches_the_models() -> None:
-    assert COMMITTED.read_text() == crd.crd_yaml(), (
-        "crds/ drifted from the models: run `mmprep-operator crd > crds/multimodalpreprocessors.mmprep.dev.yaml`"
-    )
+@pytest.mark.parametrize("committed", COPIES, ids=lambda p: str(p.relative_to(REPO)))
+def test_committed_crd_matches_the_models(committed: pathlib.Path) -> None:
+    assert committed.read_text() == crd.crd_yaml(), f"{committed.relative_to(REPO)} drifted from the models: run `make crd`"
+
+
+def test_the_chart_carries_no_other_crd() -> None:
+    assert sorted(p.name for p in (REPO / "charts" / "mmprep" / "crds").iterdir()) == [COMMITTED.name]
 
 
 def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from packaging_support import CHART, helm
+
 from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube, condition, condition_is, pool_for, wait_for
+from support.packaging import CHART, helm
 
 NAME_PREFIX = "pkg"
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from packaging_support import EXAMPLES
+
 from support.kube import Kube, condition_is, wait_for
+from support.packaging import EXAMPLES
 
 Expectation = dict[str, tuple[str, int, str]]
 
