@@ -39,10 +39,8 @@ from mmprep_runtime.sizing import WorkerDecision
 
 LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
-LABEL_POOL: Final = "mmprep.dev/pool"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-TERMINATION_LOG: Final = pod_parts.TERMINATION_LOG
 
 
 def wanted(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> bool:
@@ -133,7 +131,7 @@ def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> lis
         "--duration", f"{settings.seconds_per_count:g}",
         *inputs,
         "--tolerance", f"{settings.tolerance:g}",
-        "--termination-log", TERMINATION_LOG,
+        "--termination-log", pod_parts.TERMINATION_LOG,
     ]  # fmt: skip
 
 
@@ -143,7 +141,7 @@ def render_job(
     """The calibration Job: the runtime pod's container and placement, pinned to ``node``."""
     labels = {
         LABEL_CALIBRATION_HASH: hash_,
-        LABEL_POOL: pool.name,
+        identity.LABEL_POOL: pool.name,
     }
     # The pool's own constraints plus the one node: the scheduler still checks resources and
     # taints, so a node that cannot take the pod leaves the Job pending until its deadline.

@@ -27,7 +27,6 @@ from mmprep_runtime.contract import ContractError, json_object
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
-TERMINATION_LOG: Final = pod_parts.TERMINATION_LOG
 
 
 def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:
@@ -61,7 +60,7 @@ def render_job(owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, poli
         component=LABEL_COMPONENT_PROBE,
         labels={LABEL_PROBE_HASH: hash_},
         container_name="probe",
-        command=["mmprep-runtime", "probe", *pod_parts.model_args(spec), "--termination-log", TERMINATION_LOG],
+        command=["mmprep-runtime", "probe", *pod_parts.model_args(spec), "--termination-log", pod_parts.TERMINATION_LOG],
         resources=policy.probe.resources,
         placement=placement(spec),
         backoff_limit=policy.probe.backoff_limit,
