@@ -17,8 +17,8 @@ from mmprep_runtime import testing_models
 from mmprep_runtime.commands import bench
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import cuda, loading
-from mmprep_runtime.server import app as http_api
 from mmprep_runtime.server import state as server_state
+from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Device, Path
 from mmprep_runtime.testing_media import jpeg
@@ -86,7 +86,7 @@ async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on
         port=0,
         processor_workers=2,
     )
-    app = http_api.create_app(settings)
+    app = create_app(settings)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -7,7 +7,7 @@ resourceVersion (a pass started from the watch's copy of the resource must not o
 newer one): then a 409 is an answer, not an error, and ``write`` returns None so the pass can
 read the resource again. An unconditional write that meets a 409 raises like any API error.
 
-Neighbours: ``status`` folds and chooses the Events; ``event_poster`` posts them; ``metrics``
+Neighbours: ``logic.status`` folds, ``logic.events`` chooses the Events; ``event_poster`` posts them; ``metrics``
 counts the conditions; ``reconcile`` keeps the versions and decides which write is conditional.
 """
 

@@ -2,7 +2,7 @@
 
 The operator runs this in a Job on one node of a pool, with the pool's own image, model,
 backend, device, resources and placement, and reads the report from the termination message
-(``calibration.Report``). It is ``bench``'s closed loop, measured the way a pod serves: every job
+(``calibration.Report``). It is the closed loop of ``measuring`` (shared with ``bench``), measured the way a pod serves: every job
 decodes its image (decoding is part of a request's CPU cost), images rotate through a set
 (synthetic photos at the given sizes, or sample files from a folder), and the counts are measured
 in interleaved rounds so background load on the node hits all of them alike.

@@ -23,8 +23,8 @@ from aiohttp import web
 
 from mmprep_runtime import exits
 from mmprep_runtime.engine import cuda
-from mmprep_runtime.server import app as http_api
 from mmprep_runtime.server import state as server_state
+from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
 logger = logging.getLogger("mmprep_runtime.commands.serve")
@@ -35,7 +35,7 @@ EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 
 
 async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None) -> int:
-    app = http_api.create_app(settings)
+    app = create_app(settings)
     state = app[server_state.STATE]
     # No access log: formatting a line per request on the event loop costs throughput at
     # hundreds of requests per second; /metrics counts requests by outcome instead.

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from mmprep_runtime import testing_models
 from mmprep_runtime.engine import core as engine
-from mmprep_runtime.server import app as http_api
 from mmprep_runtime.server import state as server_state
+from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Backend, Device
 
@@ -141,7 +141,7 @@ async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]
     clients: list[aiohttp.ClientSession] = []
 
     async def start(settings: ServeSettings) -> Served:
-        app = http_api.create_app(settings)
+        app = create_app(settings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5, handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
