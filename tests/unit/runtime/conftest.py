@@ -1,4 +1,5 @@
-"""Shared fixtures of the runtime unit tests: real processor folders, images, audio.
+"""Shared fixtures of the runtime unit tests: real processor folders, images, audio, and a server
+on a real port with a client of the preprocess API (``start_server``).
 
 Every folder is built once per session with ``mmprep_runtime.testing_models`` (real transformers
 classes, a tokenizer trained with ``tokenizers``) and loaded the way a server loads a hub model.
@@ -6,21 +7,25 @@ classes, a tokenizer trained with ``tokenizers``) and loaded the way a server lo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import base64
 import dataclasses
+import json
 import pathlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from mmprep_runtime import testing_models
+from mmprep_runtime import cli, testing_models
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
-from mmprep_runtime.settings import ModelSettings, ServeSettings
+from mmprep_runtime.settings import Limits, Load, ModelSettings, ServeSettings, serve_settings_from_args
 from mmprep_runtime.sizing import Backend, Device
 
 
@@ -159,3 +164,66 @@ async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]
         await client.close()
     for runner in runners:
         await runner.cleanup()
+
+
+# ---- a server on a real port, and a client of mmprep's preprocess API (the HTTP tests)
+
+TIMEOUT = 60
+QWEN_TEXT = f"Describe {testing_models.QWEN_IMAGE_PLACEHOLDER} please"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Running(Served):
+    async def post(self, payload: Any = None, *, data: bytes | None = None, headers=None, query: str = ""):
+        if data is None:
+            data = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        async with self.client.post(f"{self.url}/v1/preprocess{query}", data=data, headers=headers) as response:
+            body = await response.read()
+            return response.status, dict(response.headers), body
+
+    async def json(self, path: str) -> tuple[int, Any]:
+        async with self.client.get(f"{self.url}{path}") as response:
+            return response.status, await response.json()
+
+
+Starter = Callable[..., Awaitable[Running]]
+
+
+def serve_args(folder) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", "--model", str(folder)])
+
+
+@pytest.fixture
+def start_server(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Starter:
+    async def start(
+        folder,
+        *,
+        workers: int | None = 1,
+        limits: Limits = Limits(),
+        load: Load = Load(),
+        trust_remote_code: bool = False,
+        backend: Backend = Backend.AUTO,
+        environ: dict[str, str] | None = None,
+    ) -> Running:
+        """``environ``: the pod's env as the operator renders it; it replaces ``workers``."""
+        decided = serve_settings_from_args(serve_args(folder), environ) if environ is not None else None
+        if decided is not None:
+            workers = decided.processor_workers
+        settings = ServeSettings(
+            model=ModelSettings(str(folder), trust_remote_code=trust_remote_code, backend=backend, device=Device.CPU),
+            host="127.0.0.1",
+            port=0,
+            processor_workers=workers,
+            io_workers=2,
+            limits=limits,
+            load=load,
+            operator_decision=decided.operator_decision if decided is not None else None,
+        )
+        served = await serve(settings)
+        return Running(served.url, served.app, served.client)
+
+    return start
