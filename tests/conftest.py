@@ -29,6 +29,7 @@ from support.tier_times import TierTimes
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierTimes(), "mmprep-tier-times")
 
+
 # ---------------------------------------------------------------------------------------- cluster
 
 
