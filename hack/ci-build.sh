@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 trap phase_end EXIT
 
 phase "python environment"
+hack/system-packages.sh build
 make venv
 # The control plane (Go, CPU-bound) and vLLM's virtualenv (mostly downloads) overlap well even on
 # two cores. Each logs to its own file, shown when it fails.

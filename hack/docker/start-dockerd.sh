@@ -75,7 +75,8 @@ if ! pgrep -x dockerd >/dev/null; then
   if [ ! -e /etc/docker/daemon.json ]; then write_config; config=(--config-file "$config_file"); fi
   log "starting dockerd (log: $DOCKER_CACHE/dockerd.log)"
   # setsid: the daemon must outlive this script and the test session that called it.
-  setsid dockerd "${config[@]}" >"$DOCKER_CACHE/dockerd.log" 2>&1 < /dev/null &
+  # The callers' lock files (fds 8 and 9) are closed: a daemon must not hold them forever.
+  setsid dockerd "${config[@]}" >"$DOCKER_CACHE/dockerd.log" 2>&1 </dev/null 8>&- 9>&- &
 fi
 for _ in $(seq 60); do
   docker info >/dev/null 2>&1 && exit 0
