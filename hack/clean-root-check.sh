@@ -11,7 +11,7 @@
 # does not work). It is given only what a new machine of this project's kind starts with: Go
 # (mounted read-only from the host) and this machine's CA bundle (its network needs it). Nothing
 # is shared with the host's caches but the Go modules' downloads (a read-only file:// GOPROXY in
-# front of the real one): every compile, every pip install and every apt-get install happens inside.
+# front of the real one): every compile, every pip install and every Debian package install happens inside.
 #
 # It takes about as long as a cold CI build (40-60 minutes on 2 cores) and about 40 GB of disk,
 # freed at the end (MMPREP_KEEP_CLEAN_ROOT=1 keeps the container and its volume to look inside).
