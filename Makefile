@@ -68,10 +68,12 @@ images:
 helm-lint: venv control-plane
 	$(PY) -m pytest tests/e2e/test_helm_chart.py
 
-# Regenerates what the chart copies from the operator: its CRD and its RBAC rules.
+# Regenerates what the chart copies from the operator (its CRD and its RBAC rules) and the values
+# table of its README (from values.yaml).
 chart-sync: venv
 	$(VENV)/bin/mmprep-operator crd > charts/mmprep/crds/multimodalpreprocessors.mmprep.dev.yaml
 	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
+	$(PY) hack/chart/values_table.py
 
 # The kind node image, built offline from Debian packages and Go modules (hack/kind/; cached).
 kind-node-image:
