@@ -6,7 +6,8 @@
 
 values.yaml is the one source: each key's description is the comment block right above it (a
 leading "-- " is dropped), its default the value itself. Parents with children get no row of their
-own, except maps and lists that are empty by default (a user fills those in).
+own, except maps and lists that are empty by default (a user fills those in) and a described map
+none of whose keys is described (a whole object passed on, like a resource spec): one row each.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def rows(values: object, descriptions: dict[str, str], prefix: str = "") -> list
     if isinstance(values, dict) and values:
         for key, value in values.items():
             path = f"{prefix}.{key}" if prefix else key
-            if isinstance(value, dict) and value:
+            children = [k for k in descriptions if k.startswith(path + ".") and descriptions[k]]
+            # A map described as a whole (a spec to pass on) with no child described: one row.
+            if isinstance(value, dict) and value and (children or not descriptions.get(path)):
                 out += rows(value, descriptions, path)
             else:
                 out.append((path, json.dumps(value), descriptions.get(path, "")))

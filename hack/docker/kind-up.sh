@@ -161,6 +161,6 @@ YAML
 
 log "installing the chart"
 "$HELM" upgrade --install mmprep "$repo/charts/mmprep" --kubeconfig "$KIND_KUBECONFIG" \
-  --namespace mmprep-system --create-namespace --wait --timeout 300s >&2
+  --namespace mmprep-system --create-namespace --set "tests.namespace=$KIND_NAMESPACE" --wait --timeout 300s >&2
 phase "chart installed"
 echo "$KIND_KUBECONFIG"

@@ -3,6 +3,7 @@ sample. Rendered with the real `helm`; the NOTES sample is also checked by the r
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -121,3 +122,22 @@ def test_the_chart_readme_values_table_is_values_yamls() -> None:
     ):
         assert f"| `{key}` |" in readme
     assert "|  |" not in readme, "a value without a description in values.yaml"
+
+
+def test_helm_test_hooks_create_the_resource_in_the_watched_namespace_with_rights_there_only() -> None:
+    rendered = template({"watchNamespaces": ["team-a"]}, tests=True)
+    pod = one(rendered, "Pod", "-helm-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TEST_NAMESPACE"] == "team-a"
+    assert json.loads(env["TEST_SPEC"])["model"]["path"] == "/models/qwen2-vl"
+    role = one(rendered, "Role", "-helm-test")
+    assert role["metadata"]["namespace"] == "team-a"
+    assert role["rules"] == [{"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["create", "get", "delete"]}]
+    assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    # An install creates none of it: the hooks exist only while `helm test` runs.
+    assert not [o for o in template({"watchNamespaces": ["team-a"]}) if o["metadata"]["name"].endswith("-helm-test")]
+
+
+def test_the_helm_test_script_is_valid_python() -> None:
+    compile((CHART / "files" / "helm-test.py").read_text(), "helm-test.py", "exec")

@@ -421,6 +421,19 @@ def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kin
         _delete_mmps(kind, names)
 
 
+def test_helm_test_makes_a_resource_go_ready_and_cleans_up(kind: KindCluster) -> None:
+    """`helm test` as a user runs it after installing: the chart's test pod, under a real kubelet
+    with a ServiceAccount that may only touch MultimodalPreprocessors, sees one go Ready."""
+    done = kind.helm("test", RELEASE, "-n", RELEASE_NAMESPACE, "--logs", "--timeout", "900s", timeout=960)
+    assert "Phase:          Succeeded" in done.stdout or "Phase: Succeeded" in done.stdout, done.stdout
+    assert "Ready: pools" in done.stdout, done.stdout
+    # The resource it made is gone (the script deletes it, pass or fail).
+    names = [
+        o["metadata"]["name"] for o in kind.kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    ]
+    assert not [n for n in names if n.endswith("-helm-test")], names
+
+
 def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resources(kind: KindCluster) -> None:
     kube = kind.kube
     expected = _apply_example(kind, "cpu-pool")
