@@ -141,3 +141,11 @@ def test_helm_test_hooks_create_the_resource_in_the_watched_namespace_with_right
 
 def test_the_helm_test_script_is_valid_python() -> None:
     compile((CHART / "files" / "helm-test.py").read_text(), "helm-test.py", "exec")
+
+
+def test_the_helm_test_pod_is_never_taken_for_an_operator_pod() -> None:
+    rendered = template(tests=True)
+    selector = one(rendered, "Deployment")["spec"]["selector"]["matchLabels"]
+    pod_labels = one(rendered, "Pod", "-helm-test")["metadata"]["labels"]
+    assert not selector.items() <= pod_labels.items(), "the operator's ReplicaSet would adopt the test pod"
+    assert pod_labels["app.kubernetes.io/component"] == "helm-test"

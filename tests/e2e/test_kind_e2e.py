@@ -217,7 +217,11 @@ def _run_client_pod(kind: KindCluster, script: str, *, node: str) -> str:
 
 
 def _operator_pods(kube: Kube) -> list[client.V1Pod]:
-    return [p for p in kube.pods(RELEASE_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}") if not p.metadata.deletion_timestamp]
+    return [
+        p
+        for p in kube.pods(RELEASE_NAMESPACE, f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator")
+        if not p.metadata.deletion_timestamp
+    ]
 
 
 def _delete_mmps(kind: KindCluster, names: list[str]) -> None:

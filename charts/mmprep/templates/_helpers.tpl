@@ -23,8 +23,14 @@
 {{- end }}
 
 {{- define "mmprep.labels" -}}
+{{ include "mmprep.releaseLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+{{/* The release's labels without a component: objects that are not the operator's add their own. */}}
+{{- define "mmprep.releaseLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "mmprep.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "mmprep.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: mmprep
