@@ -51,41 +51,46 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     cp -r /src /build \
  && mmprep-pip wheel --no-deps --wheel-dir /dist /build
 
+# The requirement lists of both images, read from pyproject.toml. The dependency stages below mount
+# only these files, and BuildKit keys such a mount by its content: an edit of pyproject.toml that
+# leaves the requirements alone (a lint setting, a contract, the version of a tool) reuses the
+# 6 GB runtime layer instead of reinstalling it.
+FROM base AS requirements
+RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+    --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
+    mkdir /requirements \
+ && python3 /src/requirements.py /src/pyproject.toml --extra operator > /requirements/operator.txt \
+ && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /requirements/runtime.txt
+
 # Dependencies, one stage per image, on the bare base (pip is only bind-mounted from `tools`): the
 # final image is this stage plus one small layer, so the 6 GB runtime venv is never copied twice.
-# They depend on pyproject.toml alone (not on the sources), so a source edit reuses them.
+# They depend on the requirement lists alone (not on the sources), so a source edit reuses them.
 FROM base AS operator-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 # auto: offline from wheelhouse/ when it holds wheels; off: always PyPI (see hack/docker/pip.sh).
 ARG WHEELHOUSE=auto
 RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
-    --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
-    --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
+    --mount=type=bind,from=requirements,source=/requirements/operator.txt,target=/src/requirements.txt \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
     --mount=type=secret,id=pip-cert \
     --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv --without-pip /opt/venv \
- && python3 /src/requirements.py /src/pyproject.toml --extra operator > /tmp/requirements.txt \
- && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /src/requirements.txt
 
 FROM base AS runtime-deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG WHEELHOUSE=auto
 RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
-    --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
-    --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
+    --mount=type=bind,from=requirements,source=/requirements/runtime.txt,target=/src/requirements.txt \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
     --mount=type=secret,id=pip-cert \
     --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv --without-pip /opt/venv \
- && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /tmp/requirements.txt \
- && mmprep-pip --python /opt/venv/bin/python install --requirement /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /src/requirements.txt
 
 # ---- operator: kopf + kubernetes client, no torch --------------------------------------------
 FROM operator-deps AS operator

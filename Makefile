@@ -75,9 +75,11 @@ CRD_FILE := multimodalpreprocessors.mmprep.dev.yaml
 crd: venv
 	$(VENV)/bin/mmprep-operator crd | tee crds/$(CRD_FILE) > charts/mmprep/crds/$(CRD_FILE)
 
-# Regenerates what the chart copies from the operator: its CRD and its RBAC rules.
+# Regenerates what the chart copies from the operator (its CRD and its RBAC rules) and the values
+# table of its README (from values.yaml).
 chart-sync: crd
 	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
+	$(PY) hack/chart/values_table.py
 
 # The kind node image, built offline from Debian packages and Go modules (hack/kind/; cached).
 kind-node-image:

@@ -8,6 +8,7 @@
 # in $MMPREP_CLUSTER_DIR (default ~/.cache/mmprep/cluster); hack/cluster-down.sh removes it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+"$HACK_DIR/system-packages.sh" tools
 
 BIN=$("$HACK_DIR/build-control-plane.sh")
 lock_cluster

@@ -308,6 +308,8 @@ def main() -> int:
     parser.add_argument("--modes", default="uint8,normalized")
     parser.add_argument("--out", default=str(HERE))
     args = parser.parse_args()
+    if not _RUNTIME.have_wrk():
+        return 2
     venv = pathlib.Path(
         subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
         .stdout.strip()

@@ -440,6 +440,16 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def have_wrk() -> bool:
+    """wrk comes from Debian (hack/system-packages.txt, group bench), installed on first use."""
+    if shutil.which("wrk") is None:
+        subprocess.run([str(HERE.parents[1] / "hack" / "system-packages.sh"), "bench"], check=False)
+    if shutil.which("wrk") is None:
+        print("wrk is not installed and could not be installed (hack/system-packages.sh bench)", file=sys.stderr)
+        return False
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
@@ -460,8 +470,7 @@ def main() -> int:
     # The serial cost is the bound's denominator: measure it with the allocator the server uses.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     memory.tune_allocator()
-    if shutil.which("wrk") is None:
-        print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
+    if not have_wrk():
         return 2
     workers = measuring.parse_workers(args.workers)
     backends = [Backend(b) for b in args.backends.split(",")]

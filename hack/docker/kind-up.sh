@@ -44,6 +44,11 @@ tool() {  # name: from the environment (KIND, HELM, KUBECTL), PATH, or the local
 phase() { log "$1 (${SECONDS}s so far)"; }
 
 "$here/start-dockerd.sh"
+# One bring-up per cluster at a time: the test session starts one in the background, and a kind
+# test run on its own (or a developer's make kind-up) waits for it and then finds everything ready.
+mkdir -p "$MMPREP_CACHE/kind"
+exec 8>"$MMPREP_CACHE/kind/$KIND_CLUSTER.lock"
+flock 8
 [ "${SKIP_IMAGES:-0}" = 1 ] || "$here/build-images.sh"
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-$("$here/../kind/build-node-image.sh")}
 KIND=$(tool kind); HELM=$(tool helm); KUBECTL=$(tool kubectl)
@@ -156,6 +161,6 @@ YAML
 
 log "installing the chart"
 "$HELM" upgrade --install mmprep "$repo/charts/mmprep" --kubeconfig "$KIND_KUBECONFIG" \
-  --namespace mmprep-system --create-namespace --wait --timeout 300s >&2
+  --namespace mmprep-system --create-namespace --set "tests.namespace=$KIND_NAMESPACE" --wait --timeout 300s >&2
 phase "chart installed"
 echo "$KIND_KUBECONFIG"

@@ -30,9 +30,9 @@ needs_wrapper() {
 write_config() {  # our daemon.json: a bounded BuildKit cache (+ the wrapper runtime where needed)
   local runtime=""
   if needs_wrapper; then
-    "$here/../system-packages.sh" docker
+    command -v jq >/dev/null || "$here/../system-packages.sh" tools
     local real; real=$(PATH=/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin command -v runc) \
-      || die "runc is not on PATH although Debian's runc is installed"
+      || die "runc is not installed (the engine's packages bring it: hack/system-packages.sh docker)"
     sed "s|@REAL_RUNC@|$real|" "$here/runc-dropcaps" >"$wrapper.tmp"
     chmod 0755 "$wrapper.tmp"; mv "$wrapper.tmp" "$wrapper"
     runtime=$(printf ', "runtimes": {"%s": {"path": "%s"}}, "default-runtime": "%s"' "$WRAPPER_RUNTIME" "$wrapper" "$WRAPPER_RUNTIME")
@@ -65,9 +65,10 @@ if docker info >/dev/null 2>&1; then
 fi
 [ "$(id -u)" = 0 ] || die "no Docker engine answers and starting one needs root"
 if ! command -v dockerd >/dev/null; then
+  # Only where no engine is installed at all: Debian's docker.io would conflict with docker-ce.
   [ "${MMPREP_INSTALL_DOCKER:-1}" = 1 ] || die "dockerd is not installed (MMPREP_INSTALL_DOCKER=0)"
+  "$here/../system-packages.sh" docker
 fi
-"$here/../system-packages.sh" docker
 mkdir -p "$DOCKER_CACHE"
 if ! pgrep -x dockerd >/dev/null; then
   # An existing /etc/docker/daemon.json wins (and then the engine is the machine owner's to set up).
@@ -75,7 +76,8 @@ if ! pgrep -x dockerd >/dev/null; then
   if [ ! -e /etc/docker/daemon.json ]; then write_config; config=(--config-file "$config_file"); fi
   log "starting dockerd (log: $DOCKER_CACHE/dockerd.log)"
   # setsid: the daemon must outlive this script and the test session that called it.
-  setsid dockerd "${config[@]}" >"$DOCKER_CACHE/dockerd.log" 2>&1 < /dev/null &
+  # The callers' lock files (fds 8 and 9) are closed: a daemon must not hold them forever.
+  setsid dockerd "${config[@]}" >"$DOCKER_CACHE/dockerd.log" 2>&1 </dev/null 8>&- 9>&- &
 fi
 for _ in $(seq 60); do
   docker info >/dev/null 2>&1 && exit 0

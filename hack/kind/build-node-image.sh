@@ -31,7 +31,7 @@ NODE_IMAGE=${KIND_NODE_IMAGE:-mmprep-kind-node:$K8S_VERSION-$key}
 "$repo/hack/docker/start-dockerd.sh"
 if docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then echo "$NODE_IMAGE"; exit 0; fi
 [ "$(id -u)" = 0 ] || kdie "building the node image needs root (debootstrap, chroot)"
-"$repo/hack/system-packages.sh" debootstrap docker cgo
+"$repo/hack/system-packages.sh" debootstrap tools cgo
 total=$SECONDS
 mkdir -p "$KIND_CACHE"
 work=$(mktemp -d "$KIND_CACHE/build.XXXXXX")

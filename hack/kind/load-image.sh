@@ -3,12 +3,13 @@
 #
 #   hack/kind/load-image.sh IMAGE NODE...        (NODE: the kind node container's name)
 #
-# The runtime image is 6 GB. `kind load` imports `docker save`'s uncompressed layers, so each node
-# keeps the image twice (content store + unpacked snapshot) plus a temporary copy on the host; two
-# workers need about 30 GB. Here layers are streamed gzip-compressed (oci_gzip.py, no temporary
-# file), unpacked, and then dropped from the content store, as containerd's discard_unpacked_layers
-# does for pulled images: the node keeps the unpacked snapshot and the image's manifest and config.
-# Skips nodes that already hold the same image id.
+# The runtime image is 6 GB. `kind load` imports `docker save`'s uncompressed layers one node after
+# the other, so each node keeps the image twice (content store + unpacked snapshot) and pays the
+# whole save again. Here (oci_fanout.py) the image is saved and compressed once, streamed to every
+# node's containerd side by side, unpacked, and then the compressed layers are dropped from each
+# content store, as containerd's discard_unpacked_layers does for pulled images: a node keeps the
+# unpacked snapshot and the image's manifest and config. Skips nodes that already hold the same
+# image id. When the disk cannot hold every node's import at once, the nodes load one at a time.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
@@ -19,37 +20,44 @@ case "$image" in
   */*) ref="docker.io/$image" ;;
   *) ref="docker.io/library/$image" ;;
 esac
-plan="$KIND_CACHE/plans/${id#sha256:}.json"
 # (Listed into a variable first: `grep -q` would close the pipe early and pipefail take that as failure.)
 loaded() { local ids; ids=$(docker exec "$1" crictl images -q --no-trunc 2>/dev/null || true); grep -qx "$id" <<<"$ids"; }
 todo=()
 for node in "$@"; do loaded "$node" || todo+=("$node"); done
 [ ${#todo[@]} -gt 0 ] || exit 0
-if [ ! -s "$plan" ]; then
-  mkdir -p "$(dirname "$plan")"
-  docker save "$image" | python3 "$here/oci_gzip.py" plan "$plan.tmp"
-  mv "$plan.tmp" "$plan"
-fi
-mapfile -t layers < <(python3 -c 'import json,sys; [print(l["digest"]) for l in json.load(open(sys.argv[1]))["layers"]]' "$plan")
-# The nodes' containerd stores live under the engine's data root: each node needs the unpacked image
-# plus its gzip layers until they are dropped. Say so before a 6 GB import fails half way.
+
+# The nodes' containerd stores live under the engine's data root. Each node needs the unpacked
+# image plus its compressed layers until they are dropped; the compressed copy on the host is about
+# half the image. Say so before a 6 GB import fails half way.
 root=$(docker info -f '{{.DockerRootDir}}')
-need_mb=$(( $(docker image inspect -f '{{.Size}}' "$image") / 1048576 * 3 / 2 ))
-err=$(mktemp)
-trap 'rm -f "$err"' EXIT
-for node in "${todo[@]}"; do
+size_mb=$(( $(docker image inspect -f '{{.Size}}' "$image") / 1048576 ))
+free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+need_mb() { echo $(( size_mb / 2 + $1 * size_mb * 3 / 2 )); }
+mkdir -p "$KIND_CACHE"
+if [ "$(free_mb "$root")" -ge "$(need_mb ${#todo[@]})" ]; then
+  groups=("${todo[*]}")
+else
+  [ "$(free_mb "$root")" -ge "$(need_mb 1)" ] ||
+    kdie "not enough disk to load $image: $(free_mb "$root") MB free under $root, about $(need_mb 1) MB needed per node"
+  klog "disk too tight to load ${#todo[@]} nodes at once ($(free_mb "$root") MB free): one at a time"
+  groups=("${todo[@]}")
+fi
+work=$(mktemp -d "$KIND_CACHE/load.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+for group in "${groups[@]}"; do
+  read -r -a nodes <<<"$group"
   start=$SECONDS
-  : >"$err" # this node's errors only
-  free_mb=$(df -Pm "$root" | awk 'NR == 2 { print $4 }')
-  [ "$free_mb" -ge "$need_mb" ] ||
-    kdie "not enough disk to load $image into $node: $free_mb MB free under $root, about $need_mb MB needed"
-  if ! docker save "$image" | python3 "$here/oci_gzip.py" write "$plan" "$ref" 2>>"$err" \
-    | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null 2>>"$err"; then
-    kdie "loading $image into $node failed ($(df -Pm "$root" | awk 'NR == 2 { print $4 }') MB free under $root now): $(tail -n 5 "$err")"
+  if ! failed=$(python3 "$here/oci_fanout.py" "$image" "$ref" "$work" "${nodes[@]}"); then
+    kdie "loading $image failed ($(free_mb "$root") MB free under $root now): $failed"
   fi
-  docker exec "$node" ctr -n k8s.io content rm "${layers[@]}" >/dev/null
-  # The CRI plugin learns of the import from containerd's events: give it a moment.
-  for _ in $(seq 60); do loaded "$node" && break; sleep 1; done
-  loaded "$node" || kdie "$image is not usable on $node after loading"
-  klog "loaded $image into $node in $((SECONDS - start)) s"
+  mapfile -t layers <"$work/layers"
+  for node in "${nodes[@]}"; do
+    docker exec "$node" ctr -n k8s.io content rm "${layers[@]}" >/dev/null
+  done
+  for node in "${nodes[@]}"; do
+    # The CRI plugin learns of the import from containerd's events: give it a moment.
+    for _ in $(seq 60); do loaded "$node" && break; sleep 1; done
+    loaded "$node" || kdie "$image is not usable on $node after loading"
+  done
+  klog "loaded $image into ${nodes[*]} in $((SECONDS - start)) s"
 done

@@ -9,16 +9,45 @@ also enforce the restricted Pod Security Standard.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.kind_bringup import BRINGUP, CLUSTER, KindBringUp, kind_down
 from support.kube import Kube, wait_for
+from support.packaging import docker_engine
 
 PRIVATE_PREFIX = "pkg-"
+KIND_TESTS = "test_kind_e2e.py"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The kind tests run last, and their cluster's bring-up starts now, behind every other tier.
+
+    ``MMPREP_KIND_EARLY=0`` brings the cluster up only when the kind tests start.
+    """
+    kind = [item for item in items if item.path.name == KIND_TESTS]
+    if not kind:
+        return
+    items[:] = [item for item in items if item.path.name != KIND_TESTS] + kind
+    early = os.environ.get("MMPREP_KIND_EARLY", "1") == "1" and not config.option.collectonly
+    if early and docker_engine() is None:
+        log = Path(os.environ.get("MMPREP_CACHE") or Path.home() / ".cache" / "mmprep") / "kind" / f"{CLUSTER}.up.log"
+        config.stash[BRINGUP] = KindBringUp(log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A bring-up whose tests never ran (a failure with -x, an interrupt) leaves no cluster behind."""
+    bringup = session.config.stash.get(BRINGUP, None)
+    if bringup is not None and not bringup.consumed:
+        bringup.stop()
+        if os.environ.get("MMPREP_KEEP_KIND") != "1":
+            kind_down()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -32,6 +31,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
+from support.kind_bringup import BRINGUP, CLUSTER, KUBECONFIG, NAMESPACE, kind_down, kind_env
 from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
 from support.packaging import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
 
@@ -41,9 +41,6 @@ from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
 
 REPO = Path(__file__).resolve().parents[2]
-# One cluster per checkout, so two checkouts on one machine never share (or delete) one.
-CLUSTER = os.environ.get("KIND_CLUSTER", f"mmprep-e2e-{hashlib.sha1(str(REPO).encode()).hexdigest()[:6]}")
-NAMESPACE = "mmprep-demo"
 RELEASE, RELEASE_NAMESPACE = "mmprep", "mmprep-system"
 GPU_NODE, CPU_NODE = f"{CLUSTER}-worker", f"{CLUSTER}-worker2"
 #: The pools the kind cluster has (no GB300 node): the examples' other pools cannot appear here.
@@ -89,16 +86,24 @@ class KindCluster:
 
 
 @pytest.fixture(scope="module")
-def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
+def kind(request: pytest.FixtureRequest) -> Iterator[KindCluster]:
     reason = docker_engine()
     if reason:
         pytest.skip(f"kind e2e skipped: no Docker engine can run here ({reason})")
-    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    env = {**os.environ, "KIND_CLUSTER": CLUSTER, "KIND_NAMESPACE": NAMESPACE, "KIND_KUBECONFIG": str(kubeconfig)}
-    # Output goes to the terminal: the first run builds for many minutes and says what it is doing.
-    up = subprocess.run([str(DOCKER_HACK / "kind-up.sh")], env=env, text=True, stdout=subprocess.PIPE, timeout=5400, check=False)
+    # Started at collection when the whole session runs (tests/e2e/conftest.py); otherwise now.
+    bringup = request.config.stash.get(BRINGUP, None)
     try:
-        assert up.returncode == 0, "hack/docker/kind-up.sh failed; see its output above"
+        if bringup is not None:
+            code, _, log = bringup.wait(timeout=5400)
+            print(log)
+            assert code == 0, "hack/docker/kind-up.sh failed in the background; its output is above"
+        else:
+            # Output goes to the terminal: a first run builds for many minutes and says what it does.
+            up = subprocess.run(
+                [str(DOCKER_HACK / "kind-up.sh")], env=kind_env(), text=True, stdout=subprocess.PIPE, timeout=5400, check=False
+            )
+            assert up.returncode == 0, "hack/docker/kind-up.sh failed; see its output above"
+        kubeconfig = KUBECONFIG
         cp_bin = Path(
             subprocess.run([str(HACK / "build-control-plane.sh")], stdout=subprocess.PIPE, text=True, check=True).stdout.split()[
                 -1
@@ -110,7 +115,7 @@ def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
         yield KindCluster(kube, kubeconfig, str(cp_bin / "kubectl"), str(cp_bin / "helm"))
     finally:
         if os.environ.get("MMPREP_KEEP_KIND") != "1":
-            subprocess.run([str(DOCKER_HACK / "kind-down.sh")], env=env, timeout=300, check=False)
+            kind_down()
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -212,7 +217,11 @@ def _run_client_pod(kind: KindCluster, script: str, *, node: str) -> str:
 
 
 def _operator_pods(kube: Kube) -> list[client.V1Pod]:
-    return [p for p in kube.pods(RELEASE_NAMESPACE, f"app.kubernetes.io/instance={RELEASE}") if not p.metadata.deletion_timestamp]
+    return [
+        p
+        for p in kube.pods(RELEASE_NAMESPACE, f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator")
+        if not p.metadata.deletion_timestamp
+    ]
 
 
 def _delete_mmps(kind: KindCluster, names: list[str]) -> None:
@@ -414,6 +423,19 @@ def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kin
         assert len(probes) == len(set(probes)) and len(probes) <= 2, probes
     finally:
         _delete_mmps(kind, names)
+
+
+def test_helm_test_makes_a_resource_go_ready_and_cleans_up(kind: KindCluster) -> None:
+    """`helm test` as a user runs it after installing: the chart's test pod, under a real kubelet
+    with a ServiceAccount that may only touch MultimodalPreprocessors, sees one go Ready."""
+    done = kind.helm("test", RELEASE, "-n", RELEASE_NAMESPACE, "--logs", "--timeout", "900s", timeout=960)
+    assert "Phase:          Succeeded" in done.stdout or "Phase: Succeeded" in done.stdout, done.stdout
+    assert "Ready: pools" in done.stdout, done.stdout
+    # The resource it made is gone (the script deletes it, pass or fail).
+    names = [
+        o["metadata"]["name"] for o in kind.kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    ]
+    assert not [n for n in names if n.endswith("-helm-test")], names
 
 
 def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resources(kind: KindCluster) -> None:

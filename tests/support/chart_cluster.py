@@ -49,20 +49,27 @@ class ChartRelease:
 
     def token_kubeconfig(self, kube: Kube, path: Path, *, server: str | None = None) -> Path:
         """A kubeconfig whose only credential is a fresh token of the chart's ServiceAccount."""
-        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-        token = kube.core.create_namespaced_service_account_token(self.service_account, self.namespace, request).status.token
-        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
-        cluster_entry = admin["clusters"][0]["cluster"]
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {**cluster_entry, **({"server": server} if server else {})}}],
-            "users": [{"name": "sa", "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": self.namespace}}],
-            "current-context": "sa",
-        }
-        path.write_text(yaml.safe_dump(config))
-        return path
+        return token_kubeconfig(self.cluster, kube, self.namespace, self.service_account, path, server=server)
+
+
+def token_kubeconfig(
+    cluster: Cluster, kube: Kube, namespace: str, service_account: str, path: Path, *, server: str | None = None
+) -> Path:
+    """A kubeconfig whose only credential is a fresh TokenRequest token of ``service_account``."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = kube.core.create_namespaced_service_account_token(service_account, namespace, request).status.token
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    cluster_entry = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {**cluster_entry, **({"server": server} if server else {})}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @contextlib.contextmanager

@@ -71,13 +71,17 @@ def helm(
 
 
 def template(
-    values: dict[str, Any] | None = None, *, namespace: str = "mmprep-system", release: str = "mmprep"
+    values: dict[str, Any] | None = None, *, namespace: str = "mmprep-system", release: str = "mmprep", tests: bool = False
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart with these values: the rendered objects."""
+    """`helm template` of the chart with these values: the rendered objects (``tests``: with the
+    `helm test` hooks, which an install does not create)."""
+    skip = () if tests else ("--skip-tests",)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(values or {}, f)
         f.flush()
-        done = helm("template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, "-f", f.name)
+        done = helm(
+            "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, "-f", f.name, *skip
+        )
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 

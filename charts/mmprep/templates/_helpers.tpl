@@ -23,8 +23,14 @@
 {{- end }}
 
 {{- define "mmprep.labels" -}}
+{{ include "mmprep.releaseLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+{{/* The release's labels without a component: objects that are not the operator's add their own. */}}
+{{- define "mmprep.releaseLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "mmprep.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "mmprep.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: mmprep
@@ -44,21 +50,35 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* repository:tag, or repository@digest when a digest is given; tag defaults to appVersion. */}}
+{{/*
+repository:tag, or repository@digest when a digest is given; tag defaults to appVersion.
+global.imageRegistry (the user's own registry) prefixes a repository that names no registry of its
+own: a first path segment with a dot or a port, or localhost, is a registry and is kept.
+*/}}
 {{- define "mmprep.image" -}}
-{{- if .digest }}
-{{- printf "%s@%s" .repository .digest }}
-{{- else }}
-{{- printf "%s:%s" .repository (default .appVersion .tag) }}
+{{- $repository := .repository }}
+{{- $first := first (splitList "/" $repository) }}
+{{- $hasRegistry := and (contains "/" $repository) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- if and .registry (not $hasRegistry) }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .registry) $repository }}
 {{- end }}
+{{- if .digest }}
+{{- printf "%s@%s" $repository .digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default .appVersion .tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "mmprep.imageContext" -}}
+{{- toJson (dict "appVersion" .Chart.AppVersion "registry" ((.Values.global | default dict).imageRegistry | default "")) }}
 {{- end }}
 
 {{- define "mmprep.operatorImage" -}}
-{{- include "mmprep.image" (merge (dict "appVersion" .Chart.AppVersion) .Values.image) }}
+{{- include "mmprep.image" (merge (include "mmprep.imageContext" . | fromJson) .Values.image) }}
 {{- end }}
 
 {{- define "mmprep.runtimeImage" -}}
-{{- include "mmprep.image" (merge (dict "appVersion" .Chart.AppVersion) .Values.runtimeImage) }}
+{{- include "mmprep.image" (merge (include "mmprep.imageContext" . | fromJson) .Values.runtimeImage) }}
 {{- end }}
 
 {{/* Namespaces the operator watches and is granted namespaced rights in; empty = all. */}}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds everything `make test` needs, phase by phase, each timed (hack/phases.sh):
+#
+#   hack/ci-build.sh       the Python environment, the control plane and vLLM's virtualenv (side
+#                          by side), the Docker engine, both images and the kind node image
+#
+# Every step installs the Debian packages it needs itself (hack/system-packages.txt) and caches
+# its result by version outside the repo, so a warm machine passes through in seconds. .ci/run
+# calls it before the tests; hack/clean-root-check.sh runs it in a clean Debian root to prove that
+# nothing here depends on a package installed by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. hack/phases.sh
+trap phase_end EXIT
+
+phase "python environment"
+hack/system-packages.sh build
+make venv
+# The control plane (Go, CPU-bound) and vLLM's virtualenv (mostly downloads) overlap well even on
+# two cores. Each logs to its own file, shown when it fails.
+phase "control plane + vLLM's virtualenv (side by side)"
+logs=$(mktemp -d)
+hack/build-control-plane.sh >"$logs/control-plane.log" 2>&1 &
+cp_job=$!
+hack/vllm/venv.sh >"$logs/vllm.log" 2>&1 &
+vllm_job=$!
+ok=1
+wait "$cp_job" || { echo "the control plane build failed:"; tail -40 "$logs/control-plane.log"; ok=0; }
+wait "$vllm_job" || { echo "vLLM's virtualenv failed:"; tail -40 "$logs/vllm.log"; ok=0; }
+cat "$logs/control-plane.log" "$logs/vllm.log"
+rm -rf "$logs"
+[ "$ok" = 1 ] || exit 1
+
+phase "Docker engine"
+if ! hack/docker/start-dockerd.sh; then
+  # Without a Docker engine the kind tier skips and says why (tests/support/packaging.py).
+  echo "no Docker engine can run here: the image and kind tiers will be skipped"
+  exit 0
+fi
+phase "images (base, wheelhouse, operator, runtime)"
+hack/docker/build-images.sh
+phase "kind binaries and node image"
+hack/kind/build-node-image.sh
