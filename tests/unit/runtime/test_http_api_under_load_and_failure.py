@@ -38,6 +38,15 @@ async def test_a_full_queue_answers_429_with_retry_after(start_server, qwen_dir)
     assert (await running.post(good))[0] == 200
 
 
+async def _metrics_once_the_blocker_ends(running, release: threading.Event, blocker, good: dict) -> str:
+    """Let the job that holds the only worker finish, check the pool serves again, read the metrics."""
+    release.set()
+    blocker.result(TIMEOUT)
+    assert (await running.post(good))[0] == 200
+    async with running.client.get(f"{running.url}/metrics") as response:
+        return await response.text()
+
+
 async def test_a_request_past_its_deadline_answers_504_and_its_job_is_dropped(start_server, qwen_dir):
     running = await start_server(qwen_dir, workers=1, load=Load(deadline_s=0.5))
     engine = running.state.engine
@@ -46,11 +55,7 @@ async def test_a_request_past_its_deadline_answers_504_and_its_job_is_dropped(st
     good = {"text": QWEN_TEXT, "images": [b64(jpeg_bytes(56, 56))]}
     status, _, body = await running.post(good)
     assert status == 504 and b"deadline" in body
-    release.set()
-    blocker.result(TIMEOUT)
-    assert (await running.post(good))[0] == 200
-    async with running.client.get(f"{running.url}/metrics") as response:
-        metrics = await response.text()
+    metrics = await _metrics_once_the_blocker_ends(running, release, blocker, good)
     assert 'mmprep_requests_total{outcome="deadline_exceeded"} 1.0' in metrics
     # the dropped job never ran: only the warm-up job, the blocker and the good request did
     assert "mmprep_processing_seconds_count 3.0" in metrics
@@ -69,11 +74,7 @@ async def test_a_client_that_goes_away_frees_its_slot_and_its_queued_job_is_drop
     finally:
         await impatient.close()
     await _until(lambda: running.state.admission.in_flight == 0)
-    release.set()
-    blocker.result(TIMEOUT)
-    assert (await running.post(good))[0] == 200
-    async with running.client.get(f"{running.url}/metrics") as response:
-        metrics = await response.text()
+    metrics = await _metrics_once_the_blocker_ends(running, release, blocker, good)
     assert 'mmprep_requests_total{outcome="client_gone"} 1.0' in metrics
     assert "mmprep_processing_seconds_count 3.0" in metrics  # warm-up, blocker, the good one
 
