@@ -23,7 +23,7 @@ Where a concern lives (the layers, and which may import which, are the import co
 
 The worker-count rule itself and what crosses to the runtime (env, probe answer, calibration
 report) are the runtime's import-light modules ``mmprep_runtime.sizing``, ``contract`` and
-``calibration``.
+``calibration_report``.
 """
 
 __version__ = "0.1.0"

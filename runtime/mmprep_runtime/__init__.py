@@ -21,8 +21,9 @@ Where a concern lives (the layers, and which may import which, are the import co
   loops of ``measuring``; ``cli`` parses ``mmprep-runtime``'s command line.
 - At the top, import-light so the operator can import them: ``sizing`` (the worker-count
   decision, shared with the operator), ``contract`` (the env and probe answer both sides use),
-  ``calibration`` (the calibration report format), ``exits`` (exit codes), ``declared`` (what a
-  model folder declares), ``settings`` (the server's settings, grouped and typed), and
-  ``errors`` (each request error with its HTTP status). ``versions``, ``testing_models`` and
-  ``testing_media`` (real processor folders and media for tests and demos).
+  ``calibration_report`` (the calibration Job's report and the choice of a count), ``exits``
+  (exit codes), ``declared`` (what a model folder declares), ``settings`` (the server's
+  settings, grouped and typed), and ``errors`` (each request error with its HTTP status).
+  ``versions``, ``testing_models`` and ``testing_media`` (real processor folders and media for
+  tests and demos).
 """

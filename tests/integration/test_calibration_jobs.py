@@ -14,7 +14,7 @@ from support.kube import AGENT_LABEL, AGENT_NODE, AGENT_TOLERATION, Kube, condit
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
 
-from mmprep_runtime.calibration import Report
+from mmprep_runtime.calibration_report import Report
 
 # A probe and a real calibration run (3 processor loads, 2 measured counts) on a shared two-core
 # machine: about a minute alone, several while other builds share the cores.

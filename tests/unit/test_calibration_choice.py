@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mmprep_runtime.calibration import (
+from mmprep_runtime.calibration_report import (
     MAX_REPORT_BYTES,
     CalibrationError,
     CurvePoint,

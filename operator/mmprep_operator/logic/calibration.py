@@ -4,7 +4,7 @@ The decision's path rules are defaults learned on other machines (a second worke
 one GPU's CPU path and halved throughput on another's GPU path). A calibration Job runs
 ``mmprep-runtime calibrate`` on one node of a pool, with the runtime pods' image, model, backend,
 device, resources and placement, and reports a measured curve and the count it chose through its
-termination message (the format is ``mmprep_runtime.calibration.Report``, shared with the
+termination message (the format is ``mmprep_runtime.calibration_report.Report``, shared with the
 runtime). The count enters the decision as ``Measured``: below cloneability, explicit counts and
 overrides, above the path rules.
 
@@ -33,7 +33,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, jobs, naming, pod_parts
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.pools import Pool
-from mmprep_runtime import calibration as runtime_calibration
+from mmprep_runtime import calibration_report
 from mmprep_runtime.sizing import Reason as WorkerReason
 from mmprep_runtime.sizing import WorkerDecision
 
@@ -193,7 +193,7 @@ def unavailable_reason(spec: api.MultimodalPreprocessorSpec, policy: OperatorPol
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     state: api.CalibrationState
-    report: runtime_calibration.Report | None = None
+    report: calibration_report.Report | None = None
     reason: str = Reason.CALIBRATION_PENDING
     message: str = ""
 
@@ -212,8 +212,8 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
                 "(a node that runs no containers, e.g. a simulated one, leaves none)",
             )
         try:
-            report = runtime_calibration.Report.from_message(messages[0])
-        except runtime_calibration.CalibrationError as e:
+            report = calibration_report.Report.from_message(messages[0])
+        except calibration_report.CalibrationError as e:
             return Outcome("Failed", reason=Reason.CALIBRATION_FAILED, message=f"{e}: {jobs.tail(messages[0])}")
         if report.error is not None or report.chosen is None:
             return Outcome(
@@ -241,8 +241,8 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
 def _failure_detail(messages: Sequence[str]) -> str:
     for message in messages:
         try:
-            report = runtime_calibration.Report.from_message(message)
-        except runtime_calibration.CalibrationError:
+            report = calibration_report.Report.from_message(message)
+        except calibration_report.CalibrationError:
             continue
         if report.error:
             return jobs.tail(report.error)
@@ -262,7 +262,7 @@ def pool_calibration(
     if outcome.state == "Succeeded" and report is not None and report.chosen is not None:
         best = report.best if report.best is not None else report.chosen
         best_rate = next((p.req_per_s for p in report.curve if p.workers == best), 0.0)
-        message = runtime_calibration.Choice(report.chosen, best, best_rate, report.tolerance).explanation()
+        message = calibration_report.Choice(report.chosen, best, best_rate, report.tolerance).explanation()
         message += f", measured on node {node}" if node else ""
     return api.PoolCalibration(
         hash=hash_,

@@ -2,8 +2,8 @@
 
 The operator runs this in a Job on one node of a pool, with the pool's own image, model,
 backend, device, resources and placement, and reads the report from the termination message
-(``calibration.Report``). It is the closed loop of ``measuring`` (shared with ``bench``), measured the way a pod serves: every job
-decodes its image (decoding is part of a request's CPU cost), images rotate through a set
+(``calibration_report.Report``). It is the closed loop of ``measuring`` (shared with ``bench``),
+measured the way a pod serves: every job decodes its image (decoding is part of a request's CPU cost), images rotate through a set
 (synthetic photos at the given sizes, or sample files from a folder), and the counts are measured
 in interleaved rounds so background load on the node hits all of them alike.
 
@@ -21,7 +21,7 @@ import pathlib
 import sys
 from typing import Final
 
-from mmprep_runtime import calibration, errors, exits, testing_media
+from mmprep_runtime import calibration_report, errors, exits, testing_media
 from mmprep_runtime.commands import measuring
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import cpus, decoding
@@ -75,7 +75,7 @@ def measure(
     rounds: int,
     warmup: float,
     tolerance: float,
-) -> calibration.Report:
+) -> calibration_report.Report:
     engines: dict[int, engine.Engine] = {}
     parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
     try:
@@ -97,9 +97,11 @@ def measure(
     curve = []
     for count in counts:
         summary = measuring.merge(parts[count]).summary()
-        curve.append(calibration.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"]))
-    choice = calibration.choose(curve, tolerance)
-    return calibration.Report(
+        curve.append(
+            calibration_report.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"])
+        )
+    choice = calibration_report.choose(curve, tolerance)
+    return calibration_report.Report(
         curve=tuple(curve),
         chosen=choice.workers,
         best=choice.best_workers,
@@ -117,7 +119,7 @@ def _sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def _answer(report: calibration.Report, termination_log: str | None) -> bool:
+def _answer(report: calibration_report.Report, termination_log: str | None) -> bool:
     text = report.to_message()
     print(text)
     return write_termination_message(termination_log, text)
@@ -128,13 +130,13 @@ def main(args: argparse.Namespace) -> int:
         settings = model_settings_from_args(args, os.environ)
         if args.duration <= 0 or args.rounds < 1:
             raise measuring.MeasureError("--duration must be positive and --rounds at least 1")
-        calibration.check_tolerance(args.tolerance)
+        calibration_report.check_tolerance(args.tolerance)
         inputs = sample_inputs(pathlib.Path(args.samples)) if args.samples else synthetic_inputs(_sizes(args.image))
-    except (SettingsError, measuring.MeasureError, calibration.CalibrationError) as exc:
+    except (SettingsError, measuring.MeasureError, calibration_report.CalibrationError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
-        _answer(calibration.Report(error=str(exc)), args.termination_log)
+        _answer(calibration_report.Report(error=str(exc)), args.termination_log)
         return EXIT_USAGE
-    counts = calibration.worker_counts(min(args.max_workers, cpus.usable_cpus()))
+    counts = calibration_report.worker_counts(min(args.max_workers, cpus.usable_cpus()))
     try:
         report = measure(
             settings,
@@ -145,9 +147,9 @@ def main(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             tolerance=args.tolerance,
         )
-    except (ModelLoadError, calibration.CalibrationError, errors.RequestError) as exc:
+    except (ModelLoadError, calibration_report.CalibrationError, errors.RequestError) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
-        _answer(calibration.Report(error=str(exc)), args.termination_log)
+        _answer(calibration_report.Report(error=str(exc)), args.termination_log)
         return EXIT_FAILED
     for point in report.curve:
         print(

@@ -14,7 +14,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.reconcile import Reconciler
 from mmprep_operator.logic import calibration, pools
-from mmprep_runtime.calibration import CurvePoint, Report
+from mmprep_runtime.calibration_report import CurvePoint, Report
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
 PROBE_NOT_CLONEABLE = json.dumps({"cloneable": False, "error": "boom", "fast_image_processor": True})

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mmprep_runtime import cli, testing_media
-from mmprep_runtime.calibration import Report
+from mmprep_runtime.calibration_report import Report
 from mmprep_runtime.commands import calibrate, measuring
 from mmprep_runtime.engine import cpus, decoding, loading
 from mmprep_runtime.settings import ModelSettings
