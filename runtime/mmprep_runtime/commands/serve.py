@@ -27,7 +27,7 @@ from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
 
-logger = logging.getLogger("mmprep_runtime.commands.serve")
+logger = logging.getLogger("mmprep_runtime.serve")
 
 EXIT_LOAD_FAILED = exits.EXIT_LOAD_FAILED
 EXIT_USAGE = exits.EXIT_USAGE
