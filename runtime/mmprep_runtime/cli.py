@@ -7,6 +7,7 @@ answer without importing torch or transformers (seconds on a busy node).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mmprep-runtime",
         description="Clone-per-thread multimodal preprocessing server, with probe and bench.",
     )
+    # The installed distribution's version: the one pyproject.toml states, nothing to keep in step.
+    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('mmprep')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve POST /v1/preprocess over HTTP")
@@ -100,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--fetch-timeout", type=float, default=None, help="image URLs: seconds to read (connecting has its own 5 s)"
     )
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="text, or one JSON object per line for log pipelines (default: env MMPREP_LOG_FORMAT, else text)",
+    )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        default=None,
+        help="log every answered request: method, path, status, time, request id "
+        "(default: env MMPREP_ACCESS_LOG=1, else off: it costs throughput)",
+    )
     serve.add_argument(
         "--termination-log", default=None, help="on a failed start, write the reason here (Kubernetes terminationMessagePath)"
     )

@@ -6,7 +6,16 @@ import collections
 from collections.abc import Mapping
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from mmprep_operator.logic.conditions import CONDITION_TYPES
 
@@ -17,6 +26,9 @@ STATUSES: Final = ("True", "False", "Unknown")
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # The process's CPU, memory and file descriptors, and the interpreter's GC, beside ours.
+        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+            self.registry.register(collector)
         self.reconciles = Counter(
             "mmprep_operator_reconciles",
             "Reconciles of MultimodalPreprocessor resources, by outcome.",

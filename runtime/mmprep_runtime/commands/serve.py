@@ -16,13 +16,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from mmprep_runtime import exits
 from mmprep_runtime.engine import cuda
+from mmprep_runtime.server import logs as server_logs
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ServeSettings, SettingsError, serve_settings_from_args
@@ -34,18 +35,20 @@ EXIT_USAGE = exits.EXIT_USAGE
 EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 
 
-async def run_server(settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None) -> int:
+async def run_server(
+    settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None, *, access_log: bool = False
+) -> int:
     app = create_app(settings)
     state = app[server_state.STATE]
-    # No access log: formatting a line per request on the event loop costs throughput at
-    # hundreds of requests per second; /metrics counts requests by outcome instead.
+    # No access log unless asked for (server/logs.py says why); /metrics counts requests by outcome.
     # Handler cancellation: when a client goes away, its request gives up its slot and its job is
     # dropped if no worker has started it, instead of being processed for nobody.
     runner = web.AppRunner(
         app,
         handle_signals=False,
         shutdown_timeout=settings.load.shutdown_grace_s,
-        access_log=None,
+        access_log=logging.getLogger(server_logs.ACCESS_LOGGER) if access_log else None,
+        access_log_class=server_logs.AccessLog,
         handler_cancellation=True,
     )
     await runner.setup()
@@ -100,11 +103,22 @@ def run_event_loop(main_coroutine: Coroutine[Any, Any, int]) -> int:
     return uvloop.run(main_coroutine)
 
 
+def log_choices(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, bool]:
+    """(log format, access log): the flag, else the env, else text and off."""
+    log_format = args.log_format or environ.get("MMPREP_LOG_FORMAT") or "text"
+    if log_format not in server_logs.FORMATS:
+        raise SettingsError(f"MMPREP_LOG_FORMAT must be one of {', '.join(server_logs.FORMATS)}, not {log_format!r}")
+    access = args.access_log if args.access_log is not None else environ.get("MMPREP_ACCESS_LOG", "0") == "1"
+    return log_format, access
+
+
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        log_format, access_log = log_choices(args, os.environ)
+    except SettingsError as exc:
+        print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    server_logs.configure(str(args.log_level), log_format)
     try:
         settings = serve_settings_from_args(args, os.environ)
         # A bad device setting fails the start on any path: ignored on the CPU path, it would
@@ -114,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"mmprep-runtime serve: {exc}", file=sys.stderr)
         exits.write_termination_message(args.termination_log, str(exc))
         return EXIT_DEVICE_FAILED if isinstance(exc, cuda.CudaUnavailable) else EXIT_USAGE
-    code = run_event_loop(run_server(settings, termination_log=args.termination_log))
+    code = run_event_loop(run_server(settings, termination_log=args.termination_log, access_log=access_log))
     if code in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
         print("mmprep-runtime serve: the processor could not be started; the reason is logged above", file=sys.stderr)
     return code

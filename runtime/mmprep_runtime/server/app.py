@@ -13,7 +13,9 @@ Endpoints: mmprep's own ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import re
+import uuid
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -67,10 +69,26 @@ async def handle_models(request: web.Request) -> web.Response:
     return web.json_response(vllm_endpoints.model_list(model, state.started))
 
 
+#: An id a client may give (``X-Request-Id``): echoed only when it is short and plain, so a log
+#: line or a header can never carry what a client smuggled in; otherwise one is made.
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+async def request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer carries ``X-Request-Id``: the client's, or a new one when it sent none.
+
+    Set as the answer is prepared (``on_response_prepare``), so streamed answers and aiohttp's own
+    (404, 405, 413) carry it too.
+    """
+    given = request.headers.get("X-Request-Id", "")
+    response.headers["X-Request-Id"] = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
 def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine) -> web.Application:
     """The application; nothing is loaded until it starts (the engine loads in the background)."""
     # aiohttp's own body limit backs up ours for bodies without Content-Length (chunked).
     app = web.Application(client_max_size=settings.limits.max_body_bytes)
+    app.on_response_prepare.append(request_id)
     state = ServerState(settings=settings, metrics=Metrics(), fetcher=fetching.Fetcher(settings.render.fetch))
     app[STATE] = state
     app.router.add_post("/v1/preprocess", handle_preprocess)
