@@ -34,7 +34,8 @@ cert=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 cleanup() {
   [ "${MMPREP_KEEP_CLEAN_ROOT:-0}" = 1 ] && return 0
   docker rm -f "$name" >/dev/null 2>&1 || true
-  docker volume rm "${volumes[@]}" >/dev/null 2>&1 || true
+  # The engine may still hold a volume for a moment after removing the container.
+  for _ in 1 2 3 4 5; do docker volume rm "${volumes[@]}" >/dev/null 2>&1 && break; sleep 2; done
 }
 docker rm -f "$name" >/dev/null 2>&1 || true
 docker volume rm "${volumes[@]}" >/dev/null 2>&1 || true
