@@ -51,6 +51,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture
+def other_namespace(kube: Kube) -> Iterator[str]:
+    """A namespace no operator watches and no test binds anyone in."""
+    name = f"not-watched-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
+    yield name
+    with contextlib.suppress(ApiException):
+        kube.core.delete_namespace(name)
+
+
+@pytest.fixture
 def private_namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{PRIVATE_PREFIX}{stem}-{uuid.uuid4().hex[:5]}"

@@ -17,10 +17,9 @@ What is enforced, and by what:
 
 from __future__ import annotations
 
-import contextlib
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ from support.operator_process import OperatorProcess
 from mmprep_operator.logic import identity
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def other_namespace(kube: Kube) -> Iterator[str]:
-    """A namespace the operator does not watch."""
-    name = f"not-watched-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
-    yield name
-    with contextlib.suppress(ApiException):
-        kube.core.delete_namespace(name)
 
 
 def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(

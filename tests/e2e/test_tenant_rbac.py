@@ -9,30 +9,16 @@ controller of the real kube-controller-manager, and leave with `helm uninstall`.
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from support.chart_cluster import api_for, forbidden, installed_chart, token_kubeconfig
 from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster
 
 SPEC = {"model": {"path": "/models/qwen2-vl"}, "replicas": 1}
-
-
-@pytest.fixture
-def foreign_namespace(kube: Kube) -> Iterator[str]:
-    """A namespace where the tenants have no binding at all."""
-    name = f"pkg-foreign-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"mmprep.dev/test": "true"})))
-    yield name
-    with contextlib.suppress(ApiException):
-        kube.core.delete_namespace(name)
 
 
 def _tenant(cluster: Cluster, kube: Kube, namespace: str, role: str, path: Path) -> Kube:
@@ -62,7 +48,7 @@ def _body(name: str) -> dict[str, object]:
 
 
 def test_users_bound_to_edit_and_view_use_the_resource_through_the_charts_aggregated_roles(
-    cluster: Cluster, crd: str, kube: Kube, private_namespace: str, foreign_namespace: str, tmp_path: Path
+    cluster: Cluster, crd: str, kube: Kube, private_namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     namespace = private_namespace
     editor = _tenant(cluster, kube, namespace, "edit", tmp_path / "edit.kubeconfig")
@@ -91,8 +77,8 @@ def test_users_bound_to_edit_and_view_use_the_resource_through_the_charts_aggreg
         assert forbidden(
             lambda: custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "tenant", {"status": {}})
         )
-        assert forbidden(lambda: custom.create_namespaced_custom_object(GROUP, VERSION, foreign_namespace, PLURAL, _body("x")))
-        assert forbidden(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, foreign_namespace, PLURAL))
+        assert forbidden(lambda: custom.create_namespaced_custom_object(GROUP, VERSION, other_namespace, PLURAL, _body("x")))
+        assert forbidden(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, other_namespace, PLURAL))
 
         # view: read, never write.
         seen = viewer.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tenant")

@@ -6,18 +6,10 @@ import collections
 from collections.abc import Mapping
 from typing import Final
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from mmprep_operator.logic.conditions import CONDITION_TYPES
+from mmprep_runtime.telemetry import add_process_collectors
 
 OUTCOMES: Final = ("done", "decided", "waiting", "invalid", "gone", "error")
 STATUSES: Final = ("True", "False", "Unknown")
@@ -26,9 +18,7 @@ STATUSES: Final = ("True", "False", "Unknown")
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        # The process's CPU, memory and file descriptors, and the interpreter's GC, beside ours.
-        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
-            self.registry.register(collector)
+        add_process_collectors(self.registry)
         self.reconciles = Counter(
             "mmprep_operator_reconciles",
             "Reconciles of MultimodalPreprocessor resources, by outcome.",

@@ -10,20 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    Info,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
 from mmprep_runtime import errors
+from mmprep_runtime.telemetry import add_process_collectors
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -45,10 +36,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        # The process's CPU, memory and file descriptors, and the interpreter's GC: the collectors
-        # the default registry has, in ours (they read the process itself, not per-server state).
-        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
-            r.register(collector)
+        add_process_collectors(r)
         self.requests = Counter("mmprep_requests", "Preprocess requests by outcome", ["outcome"], registry=r)
         self.request_seconds = Histogram(
             "mmprep_request_seconds",
