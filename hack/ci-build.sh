@@ -33,7 +33,7 @@ rm -rf "$logs"
 
 phase "Docker engine"
 if ! hack/docker/start-dockerd.sh; then
-  # Without a Docker engine the kind tier skips and says why (tests/support/packaging.py).
+  # Without a Docker engine the kind tier skips and says why (tests/support/packaging_support.py).
   echo "no Docker engine can run here: the image and kind tiers will be skipped"
   exit 0
 fi

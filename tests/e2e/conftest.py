@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.kind_bringup import BRINGUP, CLUSTER, KindBringUp, kind_down
 from support.kube import Kube, wait_for
-from support.packaging import docker_engine
+from support.packaging_support import docker_engine
 
 PRIVATE_PREFIX = "pkg-"
 KIND_TESTS = "test_kind_e2e.py"

@@ -10,7 +10,7 @@ import re
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support.packaging import CHART, one, template
+from support.packaging_support import CHART, one, template
 
 from mmprep_operator.control.metrics import Metrics as OperatorMetrics
 from mmprep_runtime.server.metrics import Metrics as RuntimeMetrics

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import yaml
 from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube
-from support.packaging import CHART, REPO, helm, objects, one, template
+from support.packaging_support import CHART, REPO, helm, objects, one, template
 
 TENANT_EDIT = "-tenant-edit"
 TENANT_VIEW = "-tenant-view"

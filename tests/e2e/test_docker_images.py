@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.kube import wait_for
-from support.packaging import (
+from support.packaging_support import (
     DOCKER_HACK,
     OPERATOR_IMAGE,
     REPO,

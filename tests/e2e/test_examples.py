@@ -25,7 +25,7 @@ from support.example_scenarios import (
     write_models_dir,
 )
 from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube
-from support.packaging import EXAMPLES, HACK, venv_script
+from support.packaging_support import EXAMPLES, HACK, venv_script
 
 
 @pytest.fixture(scope="module")

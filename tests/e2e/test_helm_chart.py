@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.packaging import (
+from support.packaging_support import (
     CHART,
     VERSION,
     helm,

@@ -33,7 +33,7 @@ from kubernetes.client.rest import ApiException
 from support.example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from support.kind_bringup import BRINGUP, CLUSTER, KUBECONFIG, NAMESPACE, kind_down, kind_env
 from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
-from support.packaging import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
+from support.packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
 
 from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
 

@@ -189,7 +189,7 @@ def test_every_object_the_chart_renders_is_valid_for_the_real_api_server(
     """Server-side dry run of the chart's objects (schemas of the real API server, RBAC objects
     included; the monitoring kinds need the Prometheus Operator's CRDs, absent here)."""
     import yaml
-    from support.packaging import template
+    from support.packaging_support import template
 
     values: dict = {"policy": {"overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]}}
     if scope == "watched-namespace":

@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from support.kube import AGENT_SELECTOR, AGENT_TOLERATION, Cluster, Kube, condition, condition_is, pool_for, wait_for
-from support.packaging import CHART, helm
+from support.packaging_support import CHART, helm
 
 NAME_PREFIX = "pkg"
 

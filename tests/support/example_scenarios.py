@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from support.kube import Kube, condition_is, wait_for
-from support.packaging import EXAMPLES
+from support.packaging_support import EXAMPLES
 
 Expectation = dict[str, tuple[str, int, str]]
 

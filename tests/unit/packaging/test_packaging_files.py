@@ -11,7 +11,7 @@ import sys
 import tomllib
 
 import pytest
-from support.packaging import DOCKER_HACK, REPO
+from support.packaging_support import DOCKER_HACK, REPO
 
 from mmprep_operator.logic import pod_parts
 
