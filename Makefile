@@ -59,7 +59,7 @@ demo: venv
 	hack/demo.sh
 
 # --- packaging (hack/docker/, charts/mmprep/): images, chart checks, kind e2e -------------------
-.PHONY: images helm-lint chart-sync kind-node-image kind-up kind-down kind-e2e
+.PHONY: crd-reference images helm-lint chart-sync kind-node-image kind-up kind-down kind-e2e
 # Both images, from a local debootstrap base and a host wheelhouse (no registry needed; cached).
 # Online: make images BASE_IMAGE=python:3.11-slim-bookworm MMPREP_WHEELHOUSE=0
 images:
@@ -72,8 +72,12 @@ helm-lint: venv control-plane
 # (kubectl apply -f crds/) and the chart's crds/ (Helm installs it from there). A unit test
 # (tests/unit/operator/test_crd_generation.py) fails when either drifts.
 CRD_FILE := multimodalpreprocessors.mmprep.dev.yaml
-crd: venv
+crd: venv crd-reference
 	$(VENV)/bin/mmprep-operator crd | tee crds/$(CRD_FILE) > charts/mmprep/crds/$(CRD_FILE)
+
+# The CRD reference, from the same models (tests/unit/operator/test_crd_reference.py holds it to them).
+crd-reference: venv
+	$(VENV)/bin/mmprep-operator crd-reference > docs/crd-reference.md
 
 # Regenerates what the chart copies from the operator (its CRD and its RBAC rules) and the values
 # table of its README (from values.yaml).

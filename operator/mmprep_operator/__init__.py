@@ -4,8 +4,9 @@ Where a concern lives (the layers, and which may import which, are the import co
 ``pyproject.toml``; ``make lint`` holds the code to them):
 
 - ``api``: the resource's API. Its pydantic models (``spec``, ``status``, ``base`` with the CEL
-  rules) are the one source of the CRD schema (``crd``) and validation; ``rbac`` is the
-  ClusterRole the operator needs; ``policy`` is the operator's own config file.
+  rules) are the one source of the CRD schema (``crd``), its Markdown reference (``reference``)
+  and validation; ``rbac`` is the ClusterRole the operator needs; ``policy`` is the operator's
+  own config file.
 - ``logic``: pure, no I/O and no kopf. Nodes and GPUs -> ``pools`` -> ``decide`` (workers per
   pool) -> ``replicas`` -> rendering (``identity``: owner, labels, names; ``pod_parts``: what
   every runtime pod is made of; ``render``: Service, budgets, Deployments; ``probe`` and
@@ -18,7 +19,7 @@ Where a concern lives (the layers, and which may import which, are the import co
   collaborators, one I/O job each (``probe_jobs``, ``calibration_jobs`` over ``shared_jobs``,
   ``applier``, ``status_writer``, ``event_poster``), the watch's view of children
   (``children``) and the Prometheus ``metrics``.
-- ``cli`` (``mmprep-operator run|render|crd|rbac|policy-schema``) and ``logs``; the small
+- ``cli`` (``mmprep-operator run|render|crd|crd-reference|rbac|policy-schema``) and ``logs``; the small
   helpers ``yamlio`` and ``bounded`` (the bounded caches).
 
 The worker-count rule itself and what crosses to the runtime (env, probe answer, calibration

@@ -1,4 +1,4 @@
-"""``mmprep-operator``: run the operator, or print what it would create (render, crd, rbac).
+"""``mmprep-operator``: run the operator, or print what it would create (render, crd, crd-reference, rbac).
 
 Nothing is parsed or connected at import time; ``main`` does it all. Exit codes: 0 success,
 2 bad input (flags, files, an invalid resource), 1 anything else.
@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmprep_operator import __version__, api, yamlio
-from mmprep_operator.api import crd, rbac
+from mmprep_operator.api import crd, rbac, reference
 from mmprep_operator.api.policy import (
     DEFAULT_LIVENESS_PORT,
     DEFAULT_METRICS_PORT,
@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd_cmd = sub.add_parser("crd", help="print the CustomResourceDefinition")
     crd_cmd.set_defaults(func=lambda _args: _print(crd.crd_yaml()))
+
+    reference_cmd = sub.add_parser("crd-reference", help="print the CRD reference (Markdown, docs/crd-reference.md)")
+    reference_cmd.set_defaults(func=lambda _args: _print(reference.crd_reference_markdown()))
 
     rbac_cmd = sub.add_parser("rbac", help="print the ClusterRole the operator needs")
     rbac_cmd.set_defaults(func=lambda _args: _print(rbac.cluster_role_yaml()))

@@ -7,7 +7,7 @@ runtime imports it to decide for itself when no operator set ``MMPREP_PROCESSOR_
 stay importable without torch or transformers (the operator image carries neither), so it works on
 plain facts: the probe's answers and the pool's hardware, never on processor objects.
 
-Why the rule has this shape (see the project README, "Why path-aware"): on the CPU path a second
+Why the rule has this shape (benchmarks/gpu/README.md keeps the figures): on the CPU path a second
 worker overlaps CPU-bound preprocessing (+36% on H200, +24% on GB300), while on the GPU path a
 second worker contends for the device the model runs on (GB300: 9.30 -> 4.02 req/s). So the path is
 decided first, and the path caps what the model declares. Only cloneability caps an explicit

@@ -52,7 +52,7 @@ def images() -> dict[str, int]:
     done = subprocess.run([str(DOCKER_HACK / "build-images.sh")], capture_output=True, text=True, timeout=3600, check=False)
     assert done.returncode == 0, f"hack/docker/build-images.sh failed:\n{done.stderr[-5000:]}"
     sizes = {image: image_size_mb(image) for image in (OPERATOR_IMAGE, RUNTIME_IMAGE)}
-    print(f"\nimage sizes: {sizes}")  # shown with -s / -rA; also in the README
+    print(f"\nimage sizes: {sizes}")  # shown with -s / -rA; also in docs/development.md
     return sizes
 
 

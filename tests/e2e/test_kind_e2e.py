@@ -8,7 +8,7 @@ Service from another pod, node relabelling, `kubectl scale`, the operator pod de
 `helm upgrade` and `helm uninstall`.
 
 Runs in `make test` (and so in CI) and `make kind-e2e`; the only skip is a machine where no Docker
-engine can run. The first run builds everything (tens of minutes, see README); later runs reuse the
+engine can run. The first run builds everything (tens of minutes, see docs/development.md); later runs reuse the
 cached images and take the cluster's bring-up and the tests' own time.
 """
 

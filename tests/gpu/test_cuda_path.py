@@ -1,5 +1,5 @@
 """The GPU path on a real CUDA device: start-up, the pod's device, streams, uploads, and outputs
-that match the CPU path within the documented tolerance (README, "CPU and CUDA outputs")."""
+that match the CPU path within the documented tolerance (docs/runtime.md, "CPU and CUDA outputs")."""
 
 from __future__ import annotations
 

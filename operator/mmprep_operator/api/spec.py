@@ -114,7 +114,7 @@ class WorkerOverride(ApiModel):
 
 
 class Workers(ApiModel):
-    """Worker counts. Unset counts are decided per pool (see the README's decision table)."""
+    """Worker counts. Unset counts are decided per pool (the decision table in docs/operator.md)."""
 
     processor: WorkerCount | None = Field(
         None, description="Processor worker threads, each with its own processor copy. Wins over every rule but cloneability."
@@ -266,7 +266,9 @@ class MultimodalPreprocessorSpec(ApiModel):
         Device.AUTO, description="Where preprocessing runs: auto (GPU path when possible), cpu, or cuda (needs a GPU resource)."
     )
     workers: Workers = Field(default_factory=Workers, description="Worker counts and per-GPU overrides.")
-    replicas: int = Field(1, ge=0, le=1000, description="Total runtime pods, spread over the pools (see README).")
+    replicas: int = Field(
+        1, ge=0, le=1000, description="Total runtime pods, spread over the pools by eligible node count (docs/operator.md)."
+    )
     image: str | None = Field(None, min_length=1, max_length=1024, description="Runtime image; default from the operator policy.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, description="Image pull policy.")
     resources: Resources = Field(default_factory=Resources, description="Runtime container resources.")

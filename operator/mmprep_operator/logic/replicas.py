@@ -1,6 +1,6 @@
 """Spread a resource's total replicas over its pools, deterministically.
 
-Rule (documented in the README): replicas are shared in proportion to each pool's eligible node
+Rule (documented in docs/operator.md): replicas are shared in proportion to each pool's eligible node
 count by the largest-remainder method. Every pool first gets the floor of its exact share; the
 replicas left over go one each to the pools with the largest remainders, ties broken by more
 nodes, then by pool name. So the result depends only on (total, weights), sums to the total, and
