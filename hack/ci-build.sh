@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything `make test` needs, phase by phase, each timed (hack/phases.sh):
 #
-#   hack/ci-build.sh       the Python environment, the control plane and vLLM's virtualenv (side
-#                          by side), the Docker engine, both images and the kind node image
+#   hack/ci-build.sh       the Python environment, lint, the control plane and vLLM's virtualenv
+#                          (side by side), the Docker engine, both images and the kind node image
 #
 # Every step installs the Debian packages it needs itself (hack/system-packages.txt) and caches
 # its result by version outside the repo, so a warm machine passes through in seconds. .ci/run
@@ -16,6 +16,9 @@ trap phase_end EXIT
 phase "python environment"
 hack/system-packages.sh build
 make venv
+# Right after the environment, before the long builds: a lint failure stops CI in minutes.
+phase "lint, format, types and import layers"
+make lint
 # The control plane (Go, CPU-bound) and vLLM's virtualenv (mostly downloads) overlap well even on
 # two cores. Each logs to its own file, shown when it fails.
 phase "control plane + vLLM's virtualenv (side by side)"
@@ -24,12 +27,12 @@ hack/build-control-plane.sh >"$logs/control-plane.log" 2>&1 &
 cp_job=$!
 hack/vllm/venv.sh >"$logs/vllm.log" 2>&1 &
 vllm_job=$!
-ok=1
-wait "$cp_job" || { echo "the control plane build failed:"; tail -40 "$logs/control-plane.log"; ok=0; }
-wait "$vllm_job" || { echo "vLLM's virtualenv failed:"; tail -40 "$logs/vllm.log"; ok=0; }
+failed=()
+wait "$cp_job" || failed+=("the control plane build")
+wait "$vllm_job" || failed+=("vLLM's virtualenv")
 cat "$logs/control-plane.log" "$logs/vllm.log"
 rm -rf "$logs"
-[ "$ok" = 1 ] || exit 1
+[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]} (its log is above)"; exit 1; }
 
 phase "Docker engine"
 if ! hack/docker/start-dockerd.sh; then
