@@ -27,14 +27,14 @@ for group in "$@"; do
   read -r -a words <<<"$line"
   packages+=("${words[@]:1}")
 done
-if [ "$only_list" = 1 ]; then printf '%s\n' "${packages[@]}" | awk '!seen[$0]++'; exit 0; fi
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | awk '!seen[$0]++')  # groups may share one
+if [ "$only_list" = 1 ]; then printf '%s\n' "${packages[@]}"; exit 0; fi
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
-mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
 
 command -v apt-get >/dev/null || die "missing Debian packages (${missing[*]}) and no apt-get to install them"
 sudo=()
@@ -43,12 +43,16 @@ if [ "$(id -u)" != 0 ]; then
   sudo=(sudo -n)
 fi
 export DEBIAN_FRONTEND=noninteractive
-install() { "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/mmprep-apt.log 2>&1; }
-update() { log "apt-get update"; "${sudo[@]}" apt-get update -q >/tmp/mmprep-apt.log 2>&1 || { cat /tmp/mmprep-apt.log >&2; die "apt-get update failed"; }; }
+apt_log=$(mktemp); trap 'rm -f "$apt_log"' EXIT
+# Two scripts may install at once (a test session's background kind bring-up, say): the second
+# waits for dpkg's lock instead of failing on it.
+apt=("${sudo[@]}" apt-get -o DPkg::Lock::Timeout=300)
+install() { "${apt[@]}" install -y -q --no-install-recommends "${missing[@]}" >"$apt_log" 2>&1; }
+update() { log "apt-get update"; "${apt[@]}" update -q >"$apt_log" 2>&1 || { cat "$apt_log" >&2; die "apt-get update failed"; }; }
 # Empty lists: nothing can be installed before an update (a fresh container or debootstrap root).
 if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then update; fi
 log "installing ${missing[*]}"
 if ! install; then
   update
-  install || { tail -30 /tmp/mmprep-apt.log >&2; die "apt-get install ${missing[*]} failed"; }
+  install || { tail -30 "$apt_log" >&2; die "apt-get install ${missing[*]} failed"; }
 fi
