@@ -82,8 +82,8 @@ def compress_image(image: str, work: Path) -> tuple[bytes, list[dict[str, object
             f = archive.extractfile(member)
             assert f is not None
             if member.name.endswith("/layer.tar"):
-                layers[member.name] = compress_layer(f, work / f"layer-{len(layers)}.gz", pool)
-                layers[member.name]["path"] = str(work / f"layer-{len(layers) - 1}.gz")
+                path = work / f"layer-{len(layers)}.gz"
+                layers[member.name] = {**compress_layer(f, path, pool), "path": str(path)}
             elif member.name == "manifest.json" or (member.name.endswith(".json") and "/" not in member.name):
                 docs[member.name] = f.read()
     if save.wait() != 0:

@@ -13,12 +13,11 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.kind_bringup import BRINGUP, CLUSTER, KindBringUp, kind_down
+from support.kind_bringup import BRINGUP, KindBringUp, kind_down
 from support.kube import Kube, wait_for
 from support.packaging_support import docker_engine
 
@@ -37,8 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if item.path.name != KIND_TESTS] + kind
     early = os.environ.get("MMPREP_KIND_EARLY", "1") == "1" and not config.option.collectonly
     if early and docker_engine() is None:
-        log = Path(os.environ.get("MMPREP_CACHE") or Path.home() / ".cache" / "mmprep") / "kind" / f"{CLUSTER}.up.log"
-        config.stash[BRINGUP] = KindBringUp(log)
+        config.stash[BRINGUP] = KindBringUp()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

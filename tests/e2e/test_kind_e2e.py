@@ -94,7 +94,7 @@ def kind(request: pytest.FixtureRequest) -> Iterator[KindCluster]:
     bringup = request.config.stash.get(BRINGUP, None)
     try:
         if bringup is not None:
-            code, _, log = bringup.wait(timeout=5400)
+            code, log = bringup.wait(timeout=5400)
             print(log)
             assert code == 0, "hack/docker/kind-up.sh failed in the background; its output is above"
         else:

@@ -23,7 +23,10 @@ from support.kube import HACK, REPO
 # One cluster per checkout, so two checkouts on one machine never share (or delete) one.
 CLUSTER = os.environ.get("KIND_CLUSTER", f"mmprep-e2e-{hashlib.sha1(str(REPO).encode()).hexdigest()[:6]}")
 NAMESPACE = "mmprep-demo"
-KUBECONFIG = Path(os.environ.get("MMPREP_CACHE") or Path.home() / ".cache" / "mmprep") / "kind" / f"{CLUSTER}.kubeconfig"
+STATE = Path(os.environ.get("MMPREP_CACHE") or Path.home() / ".cache" / "mmprep") / "kind"
+KUBECONFIG = STATE / f"{CLUSTER}.kubeconfig"
+#: The background bring-up's output, printed by the kind tests' fixture when it takes it.
+LOG = STATE / f"{CLUSTER}.up.log"
 
 
 def kind_env() -> dict[str, str]:
@@ -38,25 +41,26 @@ def kind_down() -> None:
 class KindBringUp:
     """kind-up.sh running (or done); ``consumed`` once the kind tests' fixture has taken it."""
 
-    def __init__(self, log: Path) -> None:
-        self.log = log
+    def __init__(self) -> None:
         self.consumed = False
         self.started = time.monotonic()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("wb") as out:
+        LOG.parent.mkdir(parents=True, exist_ok=True)
+        with LOG.open("wb") as out:
+            # kind-up.sh prints only the kubeconfig path on stdout, which is KUBECONFIG: not kept.
             self.proc = subprocess.Popen(
-                [str(HACK / "docker" / "kind-up.sh")], env=kind_env(), stdout=subprocess.PIPE, stderr=out, start_new_session=True
+                [str(HACK / "docker" / "kind-up.sh")],
+                env=kind_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+                start_new_session=True,
             )
 
-    def wait(self, timeout: float) -> tuple[int, str, str]:
-        """(exit code, kubeconfig path printed on stdout, the log) once the bring-up has ended."""
-        assert self.proc.stdout is not None
+    def wait(self, timeout: float) -> tuple[int, str]:
+        """(exit code, the log) once the bring-up has ended."""
         self.consumed = True
-        stdout = self.proc.stdout.read().decode()
         code = self.proc.wait(timeout=timeout)
         took = time.monotonic() - self.started
-        text = self.log.read_text(errors="replace")
-        return code, (stdout.strip().splitlines() or [""])[-1], f"{text}\n(kind bring-up: {took:.0f} s, in the background)"
+        return code, f"{LOG.read_text(errors='replace')}\n(kind bring-up: {took:.0f} s, in the background)"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
