@@ -7,10 +7,14 @@ Nothing is parsed or connected at import time; ``main`` does it all. Exit codes:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import os
 import pathlib
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +32,7 @@ from mmprep_operator.api.policy import (
     load_policy,
 )
 from mmprep_operator.logic import identity
+from mmprep_operator.logic.leadership import DEFAULT_LEASE_SECONDS
 
 EXIT_USAGE = 2
 
@@ -172,15 +177,45 @@ def cmd_run(args: argparse.Namespace) -> int:
             "default_image": policy.default_image,
         },
     )
-    kopf.run(
-        registry=build_registry(),
-        memo=kopf.Memo(state=state),
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=liveness,
+
+    def run_kopf(loop: asyncio.AbstractEventLoop | None = None, stop_flag: asyncio.Future[None] | None = None) -> None:
+        # standalone: kopf's own peering stays off; the Lease (--leader-election) decides who runs.
+        kopf.run(
+            loop=loop,
+            registry=build_registry(),
+            memo=kopf.Memo(state=state),
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+        )
+
+    if not args.leader_election:
+        run_kopf()
+        return 0
+    from mmprep_operator.control.leadership import Elector, LeaderMetrics, run_operator_with_lease
+    from mmprep_operator.logic.leadership import LeaseTerms
+
+    lease_namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+    if not lease_namespace:
+        raise UsageError("--leader-election needs --leader-election-namespace (or POD_NAMESPACE)")
+    try:
+        terms = LeaseTerms(duration=args.lease_seconds)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    # The pod name (downward API) says which replica leads in `kubectl get lease`; the suffix keeps
+    # two processes of one pod (or one host, outside a cluster) apart.
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    elector = Elector(lease_namespace, args.leader_election_id, identity, terms)
+    return run_operator_with_lease(
+        elector,
+        run_kopf,
+        metrics=LeaderMetrics(metrics.registry),
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        liveness=(args.bind_address, args.liveness_port),
     )
-    return 0
 
 
 # ----------------------------------------------------------------------------------- parsing
@@ -191,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the operator (kopf, standalone: one replica)")
+    run = sub.add_parser("run", help="run the operator (one replica, or one of several with --leader-election)")
     scope = run.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace", "-n", action="append", metavar="NS", help="watch this namespace (repeatable; globs allowed)"
@@ -229,6 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_URGENT_WORKERS,
         metavar="N",
         help="more concurrent reconciles for node changes only, mostly status writes (default %(default)s)",
+    )
+    run.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="run as one of several replicas: reconcile only while holding the leader Lease (docs/operations.md)",
+    )
+    run.add_argument(
+        "--leader-election-id", default="mmprep-operator", metavar="NAME", help="the Lease's name (default %(default)s)"
+    )
+    run.add_argument("--leader-election-namespace", metavar="NS", help="the Lease's namespace (default: POD_NAMESPACE)")
+    run.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=DEFAULT_LEASE_SECONDS,
+        metavar="S",
+        help="how long an unrenewed Lease lasts; a standby takes over that long after the leader died (default %(default)s)",
     )
     run.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else KUBECONFIG or ~/.kube/config)")
     run.add_argument("--context", metavar="NAME", help="kubeconfig context")

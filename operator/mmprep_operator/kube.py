@@ -37,6 +37,7 @@ _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
     ("v1", "Event"): ("/api/v1", "events"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     (api.API_VERSION, api.KIND): (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
 
@@ -246,6 +247,17 @@ class RestKubeApi:
         await self._call(
             "DELETE", path, body={"propagationPolicy": "Background"}, content_type="application/json", missing_ok=True
         )
+
+    async def write_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the leader Lease, or replace it at the resourceVersion it carries (optimistic
+        concurrency: ``Conflict`` when another replica wrote it first)."""
+        meta = lease["metadata"]
+        collection = collection_path("coordination.k8s.io/v1", "Lease", meta["namespace"])
+        if meta.get("resourceVersion"):
+            result = await self._call("PUT", f"{collection}/{quote(meta['name'])}", body=lease, content_type="application/json")
+        else:
+            result = await self._call("POST", collection, body=lease, content_type="application/json")
+        return result or {}
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", f"{collection_path('batch/v1', 'Job', namespace)}/{quote(name)}", missing_ok=True)
