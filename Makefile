@@ -83,6 +83,7 @@ crd-reference: venv
 # table of its README (from values.yaml).
 chart-sync: crd
 	$(VENV)/bin/mmprep-operator rbac > charts/mmprep/files/operator-clusterrole.yaml
+	$(VENV)/bin/mmprep-operator rbac --leader-election > charts/mmprep/files/operator-leader-election-role.yaml
 	$(PY) hack/chart/values_table.py
 
 # The kind node image, built offline from Debian packages and Go modules (hack/kind/; cached).

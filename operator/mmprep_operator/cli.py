@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run as one of several replicas: reconcile only while holding the leader Lease (docs/operations.md)",
     )
     run.add_argument(
-        "--leader-election-id", default="mmprep-operator", metavar="NAME", help="the Lease's name (default %(default)s)"
+        "--leader-election-id", default=rbac.LEADER_ELECTION_ID, metavar="NAME", help="the Lease's name (default %(default)s)"
     )
     run.add_argument("--leader-election-namespace", metavar="NS", help="the Lease's namespace (default: POD_NAMESPACE)")
     run.add_argument(
@@ -303,7 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     reference_cmd.set_defaults(func=lambda _args: _print(reference.crd_reference_markdown()))
 
     rbac_cmd = sub.add_parser("rbac", help="print the ClusterRole the operator needs")
-    rbac_cmd.set_defaults(func=lambda _args: _print(rbac.cluster_role_yaml()))
+    rbac_cmd.add_argument(
+        "--leader-election", action="store_true", help="print the Role leader election needs in the operator's namespace instead"
+    )
+    rbac_cmd.set_defaults(
+        func=lambda args: _print(rbac.leader_election_role_yaml() if args.leader_election else rbac.cluster_role_yaml())
+    )
 
     schema = sub.add_parser("policy-schema", help="print the JSON schema of the policy file")
     schema.set_defaults(func=lambda _args: _print(json.dumps(OperatorPolicy.model_json_schema(), indent=2) + "\n"))

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.packaging_support import CHART, one, template
 
+from mmprep_operator.control.leadership import LeaderMetrics
 from mmprep_operator.control.metrics import Metrics as OperatorMetrics
 from mmprep_runtime.server.metrics import Metrics as RuntimeMetrics
 
@@ -40,6 +41,7 @@ def _exported() -> set[str]:
     )  # fmt: skip
     operator = OperatorMetrics()
     operator.duration.observe(0.1)
+    LeaderMetrics(operator.registry)  # registered by `mmprep-operator run --leader-election`
     return _sample_names(runtime.render().decode()) | _sample_names(generate_latest(operator.registry).decode())
 
 
@@ -97,7 +99,9 @@ def test_the_operator_alerts_exist_with_their_values() -> None:
     values = {"prometheusRule": {"enabled": True, "operator": {"downFor": "2m", "severity": "critical"}}}
     rule = one(template(values), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
-    assert {"MmprepOperatorDown", "MmprepOperatorReconcileErrors", "MmprepResourcesNotReady"} <= set(alerts)
+    assert {"MmprepOperatorDown", "MmprepOperatorNoLeader", "MmprepOperatorReconcileErrors", "MmprepResourcesNotReady"} <= set(
+        alerts
+    )
     assert alerts["MmprepOperatorDown"]["for"] == "2m"
     assert alerts["MmprepOperatorDown"]["labels"]["severity"] == "critical"
     assert yaml.safe_dump(alerts)  # renders as plain YAML

@@ -59,17 +59,18 @@ def test_default_install_renders_the_operator_and_its_rights_only() -> None:
             "ClusterRoleBinding",
             "Service",
             "Deployment",
+            # leader election: its Role and binding in the release namespace, and the replicas' budget
+            "Role",
+            "RoleBinding",
+            "PodDisruptionBudget",
         ]
     )
-    assert not objects(rendered, "RoleBinding")
+    assert [b["metadata"]["name"] for b in objects(rendered, "RoleBinding")] == ["mmprep-operator-leader-election"]
 
 
 def test_operator_pod_meets_the_restricted_pod_security_standard() -> None:
     deployment = one(template(), "Deployment")
     spec = deployment["spec"]
-    # kopf has no leader election: one replica, and no overlap during a rollout.
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -173,7 +174,7 @@ def test_watched_namespaces_confine_namespaced_rights_to_those_namespaces() -> N
     cluster_bindings = objects(rendered, "ClusterRoleBinding")
     assert [b["roleRef"]["name"] for b in cluster_bindings] == [cluster_role["metadata"]["name"]]
     # Deployments, Jobs, Services, pods, Events, the resources: only in the watched namespaces.
-    bindings = objects(rendered, "RoleBinding")
+    bindings = watch_bindings(rendered)
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert {b["roleRef"]["name"] for b in bindings} == {namespaced_role["metadata"]["name"]}
     for b in bindings:
@@ -185,7 +186,12 @@ def test_watched_namespaces_confine_namespaced_rights_to_those_namespaces() -> N
 
 def test_watch_release_namespace_adds_it_once() -> None:
     rendered = template({"watchNamespaces": ["team-a"], "watchReleaseNamespace": True}, namespace="mmprep-system")
-    assert sorted(b["metadata"]["namespace"] for b in objects(rendered, "RoleBinding")) == ["mmprep-system", "team-a"]
+    assert sorted(b["metadata"]["namespace"] for b in watch_bindings(rendered)) == ["mmprep-system", "team-a"]
+
+
+def watch_bindings(rendered: list[dict]) -> list[dict]:
+    """The RoleBindings of the watched namespaces (not leader election's, in the release namespace)."""
+    return [b for b in objects(rendered, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")]
 
 
 def test_all_namespaces_binds_both_roles_cluster_wide() -> None:
@@ -196,17 +202,55 @@ def test_all_namespaces_binds_both_roles_cluster_wide() -> None:
     assert "--all-namespaces" in container["args"]
 
 
+def test_replicas_share_one_lease_roll_without_a_gap_and_keep_one_up_during_drains() -> None:
+    rendered = template()
+    deployment = one(rendered, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (container,) = spec["template"]["spec"]["containers"]
+    lease = f"--leader-election-id={deployment['metadata']['name']}"
+    assert "--leader-election" in container["args"] and lease in container["args"]
+    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    (spread,) = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    (pdb,) = objects(rendered, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": spec["selector"]}
+    # The Lease is the operator's to renew in its own namespace only, and only under its name.
+    (role,) = [r for r in objects(rendered, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named and all(r["resourceNames"] == [deployment["metadata"]["name"]] for r in named)
+    (binding,) = [b for b in objects(rendered, "RoleBinding") if b["metadata"]["name"].endswith("-leader-election")]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+    single = template({"replicaCount": 1, "operator": {"leaderElection": {"enabled": False}}})
+    spec = one(single, "Deployment")["spec"]
+    assert spec["strategy"] == {"type": "Recreate"}
+    assert "--leader-election" not in spec["template"]["spec"]["containers"][0]["args"]
+    assert not objects(single, "PodDisruptionBudget")
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
         ({"watchNamespace": ["typo"]}, "watchNamespace"),
         ({"policy": {"overrides": [{"gpuFamily": "hopper", "processor": 0}]}}, "processor"),
         ({"policy": {"overrides": [{"gpuFamily": "hopper", "gpuProduct": "NVIDIA-H200", "processor": 2}]}}, "oneOf"),
-        ({"replicaCount": 2}, "replicaCount"),
+        ({"replicaCount": 11}, "replicaCount"),
+        ({"replicaCount": 2, "operator": {"leaderElection": {"enabled": False}}}, "needs operator.leaderElection.enabled"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
     ],
-    ids=["unknown-key", "zero-workers", "product-and-family", "two-replicas", "bad-namespace", "bad-pull-policy"],
+    ids=[
+        "unknown-key",
+        "zero-workers",
+        "product-and-family",
+        "too-many-replicas",
+        "replicas-without-lease",
+        "bad-namespace",
+        "bad-pull-policy",
+    ],
 )
 def test_values_schema_rejects_bad_values_with_the_field_named(values: dict, complaint: str) -> None:
     assert complaint in template_error(values)

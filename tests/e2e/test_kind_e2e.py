@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import textwrap
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -383,24 +384,46 @@ def test_relabelling_a_node_moves_its_pool_and_kubectl_scale_works(kind: KindClu
             kube.core.patch_node(node, {"metadata": {"labels": {label: None}}})
 
 
-def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kind: KindCluster) -> None:
+def _lease_holder_pod(kube: Kube) -> str | None:
+    """The operator pod that holds the leader Lease (its identity is "<pod name>_<suffix>")."""
+    lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(f"{RELEASE}-operator", RELEASE_NAMESPACE)
+    holder = lease.spec.holder_identity
+    return holder.rsplit("_", 1)[0] if holder else None
+
+
+def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_without_duplicates(kind: KindCluster) -> None:
+    """Two operator replicas on one Lease; the leader's pod is deleted with no grace period (its
+    process is killed, nothing is released) while a burst of resources is being reconciled. The
+    standby, already running, takes the Lease once it runs out and finishes the burst."""
     kube = kind.kube
     names = [f"burst-{i}" for i in range(3)]
     affinity = load_example("cpu-pool")["spec"]["affinity"]
     docs = [_mmp(n, affinity=affinity) for n in names]
-    [before] = _operator_pods(kube)
-    kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(docs))
+    pods = wait_for(
+        lambda: [p for p in _operator_pods(kube) if p.status.phase == "Running"] if len(_operator_pods(kube)) == 2 else None,
+        300,
+        what="two operator replicas running",
+    )
+    leader = wait_for(lambda: _lease_holder_pod(kube), 120, what="a leader")
+    standby = next(p.metadata.name for p in pods if p.metadata.name != leader)
+    kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(docs[:2]))
     try:
-        # Delete the operator as soon as it has started making children for these resources.
+        # Kill the leader as soon as it has started making children for these resources.
         mine = lambda: [d for d in kube.deployments(NAMESPACE) if d.metadata.labels.get("mmprep.dev/resource") in names]  # noqa: E731
         wait_for(mine, 300, what="the first Deployment of the burst")
-        kube.core.delete_namespaced_pod(before.metadata.name, RELEASE_NAMESPACE, grace_period_seconds=0)
-        print(f"deployments made before the operator pod was deleted: {len(mine())} of {len(names)}")
+        kube.core.delete_namespaced_pod(leader, RELEASE_NAMESPACE, grace_period_seconds=0)
+        killed = time.monotonic()
+        print(f"deployments made before the leader's pod was deleted: {len(mine())} of {len(names)}")
+        # A change made while nobody leads: the standby's first reconcile is what picks it up.
+        kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(docs[2]))
         wait_for(
-            lambda: [p for p in _operator_pods(kube) if p.metadata.uid != before.metadata.uid and p.status.phase == "Running"],
+            lambda: (kube.get_mmp(NAMESPACE, names[2]).get("status") or {}).get("observedGeneration"),
             300,
-            what="a new operator pod running",
+            what="the first reconcile after the kill",
         )
+        takeover = time.monotonic() - killed
+        assert _lease_holder_pod(kube) == standby, "the standby did not take over"
+        print(f"seconds from the leader's kill to the standby's first reconcile: {takeover:.1f}")
         for name in names:
             kube.wait_mmp(
                 NAMESPACE,
@@ -409,7 +432,7 @@ def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kin
                     condition_is(o, "Ready", "True") and o["status"].get("observedGeneration") == o["metadata"]["generation"]
                 ),
                 900,
-                what="Ready after the operator restarted",
+                what="Ready after the takeover",
             )
         deployments = mine()
         assert Counter(d.metadata.labels["mmprep.dev/resource"] for d in deployments) == Counter(names)
@@ -421,6 +444,11 @@ def test_the_operator_pod_deleted_mid_reconcile_converges_without_duplicates(kin
         # One probe Job per model, shared by every resource serving it.
         probes = [j.metadata.name for j in kube.jobs(NAMESPACE) if j.metadata.name.startswith("mmprep-probe-")]
         assert len(probes) == len(set(probes)) and len(probes) <= 2, probes
+        # The deleted pod's replacement comes back as the new standby.
+        wait_for(
+            lambda: len([p for p in _operator_pods(kube) if p.status.phase == "Running"]) == 2, 300, what="two replicas again"
+        )
+        assert _lease_holder_pod(kube) == standby
     finally:
         _delete_mmps(kind, names)
 

@@ -54,9 +54,20 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
         policy = tmp_path / "policy.yaml"
         policy.write_text(release.policy_text(kube))
         sa_cluster = Cluster(kubeconfig=token_config, bin_dir=cluster.bin_dir, state_dir=cluster.state_dir)
-        # As the chart's pod runs it: one namespace, the chart's policy file, the SA's token.
+        # As the chart's pod runs it: one namespace, the chart's policy file, the SA's token, and
+        # the chart's leader election (its Lease in the release namespace, under the release's name).
+        election = [
+            "--leader-election",
+            f"--leader-election-id={release.operator_name}",
+            "--leader-election-namespace",
+            namespace,
+        ]
         operator = OperatorProcess(
-            sa_cluster, log_dir=tmp_path, namespaces=[namespace], policy_file=policy, extra_args=["--log-format", "text"]
+            sa_cluster,
+            log_dir=tmp_path,
+            namespaces=[namespace],
+            policy_file=policy,
+            extra_args=["--log-format", "text", *election],
         )
         operator.start()
         try:
@@ -68,6 +79,7 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
             assert not denied, "the operator hit a permission it lacks:\n" + "\n".join(denied)
             # This process did the work (not some other operator watching the same cluster).
             assert "probe job created" in log and namespace in log, log
+            assert "took the leader Lease" in log, log
         finally:
             operator.stop()
 
@@ -97,6 +109,12 @@ def test_operator_with_only_the_charts_token_reconciles_fully_and_nothing_more(
                 other_namespace, foreign_deployment("new", {}), dry_run=dry
             ),
             "create a Job elsewhere": lambda: sa.batch.list_namespaced_job(other_namespace),
+            "read another Lease": lambda: client.CoordinationV1Api(sa.api).read_namespaced_lease("kube-scheduler", namespace),
+            "create a Lease elsewhere": lambda: client.CoordinationV1Api(sa.api).create_namespaced_lease(
+                other_namespace,
+                client.V1Lease(metadata=client.V1ObjectMeta(name=release.operator_name)),
+                dry_run=dry,
+            ),
             "create a pod": lambda: sa.core.create_namespaced_pod(
                 namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="p"), spec=foreign.spec.template.spec), dry_run=dry
             ),

@@ -123,3 +123,11 @@ def test_the_charts_rbac_file_is_what_the_operator_declares() -> None:
     assert committed.read_text() == rbac.cluster_role_yaml(), (
         "charts/mmprep/files/operator-clusterrole.yaml drifted from `mmprep-operator rbac`; run `make chart-sync`"
     )
+
+
+def test_the_charts_leader_election_role_is_what_the_operator_declares() -> None:
+    committed = pathlib.Path(__file__).resolve().parents[3] / "charts" / "mmprep" / "files" / "operator-leader-election-role.yaml"
+    assert committed.read_text() == rbac.leader_election_role_yaml(), (
+        "charts/mmprep/files/operator-leader-election-role.yaml drifted from `mmprep-operator rbac --leader-election`; "
+        "run `make chart-sync`"
+    )
