@@ -7,6 +7,8 @@ them, so a saturated pool shows as latency and queueing instead of slowing the g
 
     python loadgen.py --url http://svc:8080/v1/preprocess --schedule 0:2,60:8 --duration 120
 
+(``--stop-file F``: stop early once F exists, e.g. ``kubectl exec POD -- touch F``.)
+
 Each second it prints one JSON line (``{"t": ..., "sent": ..., "ok": ..., ...}``), and at the end
 one ``{"summary": ...}`` line. Outcomes, from the client's side:
 
@@ -24,6 +26,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -123,6 +126,15 @@ async def one_request(
         second.errors[reason] = second.errors.get(reason, 0) + 1
 
 
+async def watch_stop_file(path: str, stopped: asyncio.Event) -> None:
+    # A file is the one signal `kubectl exec` can give a pod without a shell or a port.
+    while True:  # polled: nothing notifies of a file's creation portably
+        if await asyncio.to_thread(os.path.exists, path):
+            stopped.set()
+            return
+        await asyncio.sleep(0.5)
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     steps = parse_schedule(args.schedule)
     body = request_body(args.text, args.image_side)
@@ -133,7 +145,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     printed = 0
     async with aiohttp.ClientSession(connector=connector) as session:
         next_at = start
-        while (now := time.monotonic()) - start < args.duration:
+        stopped = asyncio.Event()
+        watcher = asyncio.create_task(watch_stop_file(args.stop_file, stopped)) if args.stop_file else None
+        while (now := time.monotonic()) - start < args.duration and not stopped.is_set():
             rate = rate_at(steps, now - start)
             if rate > 0 and now >= next_at:
                 task = asyncio.create_task(one_request(session, args.url, body, args.retries, args.timeout, seconds, start))
@@ -146,6 +160,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 await asyncio.sleep(min(0.05, max(0.0, next_at - now)) if rate > 0 else 0.05)
             while printed < int(time.monotonic() - start) - args.timeout:
                 printed = _print_second(seconds, printed, steps)
+        if watcher is not None:
+            watcher.cancel()
         if pending:
             await asyncio.wait(pending)
     while printed <= max(seconds, default=-1):
@@ -173,7 +189,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 def _print_second(seconds: dict[int, Second], t: int, steps: list[tuple[float, float]]) -> int:
     s = seconds.get(t, Second())
-    line = {"t": t, "rate": rate_at(steps, t), "sent": s.sent, "ok": s.ok, "retried": s.retried, "failed": s.failed}
+    line: dict[str, object] = {"t": t, "rate": rate_at(steps, t)}
+    line.update(sent=s.sent, ok=s.ok, retried=s.retried, failed=s.failed)
     line["p50_s"], line["p99_s"] = quantile(s.latencies, 0.5), quantile(s.latencies, 0.99)
     if s.errors:
         line["errors"] = s.errors
@@ -186,6 +203,7 @@ def main() -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--schedule", default="0:2", help="TIME:RATE,... requests per second from each time on")
     parser.add_argument("--duration", type=float, default=60)
+    parser.add_argument("--stop-file", help="stop sending (and report) once this file exists, before --duration")
     parser.add_argument("--timeout", type=float, default=30, help="seconds a request may take")
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--max-in-flight", type=int, default=256)

@@ -19,13 +19,15 @@
 #      worker 2 stays a CPU-only node;
 #   7. creates namespace $KIND_NAMESPACE (restricted Pod Security Standard) with a
 #      PersistentVolume/Claim `mmprep-models` (the volume the examples mount at /models);
-#   8. `helm install`s charts/mmprep into mmprep-system.
+#   8. starts metrics-server (hack/kind/metrics-server.yaml; its image is in the node image);
+#   9. `helm install`s charts/mmprep into mmprep-system.
 #
 # Needs: root (or a running Docker engine), Go (kind and the node image build), helm and kubectl
 # (PATH, or the control-plane build cache).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
+. "$here/../kind/versions.sh"  # METRICS_SERVER_VERSION
 repo=$(cd "$here/../.." && pwd)
 
 KIND_CLUSTER=${KIND_CLUSTER:-mmprep}
@@ -159,8 +161,14 @@ spec:
   resources: {requests: {storage: 1Gi}}
 YAML
 
+log "starting metrics-server (the resource metrics API the autoscaling tests scale on)"
+sed "s/METRICS_SERVER_VERSION/$METRICS_SERVER_VERSION/" "$here/../kind/metrics-server.yaml" | k apply -f - >&2
+
 log "installing the chart"
 "$HELM" upgrade --install mmprep "$repo/charts/mmprep" --kubeconfig "$KIND_KUBECONFIG" \
   --namespace mmprep-system --create-namespace --set "tests.namespace=$KIND_NAMESPACE" --wait --timeout 300s >&2
 phase "chart installed"
+# Started before the chart so that its first scrapes overlap the install; Available once it has.
+k wait --for=condition=Available apiservice/v1beta1.metrics.k8s.io --timeout=300s >&2
+phase "metrics-server available"
 echo "$KIND_KUBECONFIG"

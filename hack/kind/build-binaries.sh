@@ -6,7 +6,8 @@
 #
 # kubelet, kubeadm and kube-proxy come from k8s.io/kubernetes exactly as hack/build-control-plane.sh
 # builds the control plane (same flags, so the Go build cache is shared); containerd, runc (cgo +
-# seccomp, the way runc's Makefile builds it), crictl, coredns and kind itself from their modules.
+# seccomp, the way runc's Makefile builds it), crictl, coredns, metrics-server and kind itself from
+# their modules.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
@@ -77,6 +78,9 @@ go_install "$(kind_bin_dir crictl "$CRICTL_VERSION")" crictl -- \
   "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 go_install "$(kind_bin_dir coredns "$COREDNS_VERSION")" coredns -- -ldflags "-s -w" \
   "github.com/coredns/coredns@$COREDNS_VERSION"
+go_install "$(kind_bin_dir metrics-server "$METRICS_SERVER_VERSION")" metrics-server -- \
+  -ldflags "-s -w -X sigs.k8s.io/metrics-server/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
+  "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
 start=$SECONDS; "$here/../docker/install-kind.sh" >/dev/null
 
 # pause: the C program from the Kubernetes module (build/pause has no go.mod, so it is in the zip).

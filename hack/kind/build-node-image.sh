@@ -5,15 +5,15 @@
 #   hack/kind/build-node-image.sh rootfs   only the two debootstrap root filesystems (downloads)
 #
 #   1. binaries: hack/kind/build-binaries.sh (kubelet, kubeadm, kube-proxy, containerd, runc,
-#      crictl, coredns, kind, pause) and hack/build-control-plane.sh (etcd, kube-apiserver,
+#      crictl, coredns, metrics-server, kind, pause) and hack/build-control-plane.sh (etcd, kube-apiserver,
 #      kube-controller-manager, kube-scheduler, kubectl), all cached by version;
 #   2. base: a debootstrap bookworm root filesystem (systemd 252, which still boots on cgroup v1
 #      hosts) with the pinned kind release's base files, trimmed and enabled as kind's base
 #      Dockerfile does; containerd with restrict_oom_score_adj (runc cannot lower oom_score_adj on
 #      hosts without CAP_SYS_RESOURCE, and containerd and kubelet ask for -998/-997);
 #   3. component images under the exact names `kubeadm config images list` prints (one minimal
-#      bookworm root filesystem with iptables for the four Kubernetes images and etcd; coredns and
-#      pause as single binaries), imported into the node's containerd as kind does;
+#      bookworm root filesystem with iptables for the four Kubernetes images and etcd; coredns,
+#      metrics-server and pause as single binaries), imported into the node's containerd as kind does;
 #   4. a default CNI config (ptp, 10.244.0.0/24): kindnetd's Go module is not served by the module
 #      proxy, so multi-node clusters mount one config per node (hack/docker/kind-up.sh).
 #
@@ -24,7 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
 repo=$(cd "$here/../.." && pwd)
 
-pins="$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CONTAINERD_VERSION $RUNC_VERSION $CRICTL_VERSION $COREDNS_VERSION $DEBIAN_SUITE"
+pins="$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CONTAINERD_VERSION $RUNC_VERSION $CRICTL_VERSION $COREDNS_VERSION $METRICS_SERVER_VERSION $DEBIAN_SUITE"
 key=$(cat "$here"/build-node-image.sh "$here"/build-binaries.sh "$here"/ptp-conflist.sh <(echo "$pins") | sha256sum | cut -c1-12)
 NODE_IMAGE=${KIND_NODE_IMAGE:-mmprep-kind-node:$K8S_VERSION-$key}
 
@@ -99,6 +99,14 @@ install -m 0755 "$(kind_bin_dir coredns "$COREDNS_VERSION")/coredns" "$work/core
 cp "$comp/etc/ssl/certs/ca-certificates.crt" "$work/coredns/etc/ssl/certs/"
 tar -C "$work/coredns" --numeric-owner -c . | docker import --change 'ENTRYPOINT ["/coredns"]' - "$coredns_image" >/dev/null
 saved+=("$coredns_image")
+
+# metrics-server under its upstream name, so hack/kind/metrics-server.yaml reads as any install does.
+mkdir -p "$work/metrics-server/tmp"
+install -m 0755 "$(kind_bin_dir metrics-server "$METRICS_SERVER_VERSION")/metrics-server" "$work/metrics-server/metrics-server"
+metrics_server_image="registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION"
+tar -C "$work/metrics-server" --numeric-owner -c . | docker import --change 'ENTRYPOINT ["/metrics-server"]' \
+  --change 'USER 65534:65534' - "$metrics_server_image" >/dev/null
+saved+=("$metrics_server_image")
 
 mkdir -p "$work/pause"
 install -m 0755 "$(kind_bin_dir pause "$K8S_VERSION")/pause" "$work/pause/pause"

@@ -11,6 +11,8 @@ CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.2.1}
 RUNC_VERSION=${RUNC_VERSION:-v1.3.4}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.13.1}
+# metrics-server: the autoscaling tests' CPU signal (resource metrics of the kubelets).
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.8.0}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 

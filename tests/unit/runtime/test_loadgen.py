@@ -66,3 +66,12 @@ def test_a_pool_that_is_not_listening_fails_every_request_after_its_retries() ->
     assert summary["sent"] > 0 and summary["ok"] == 0
     assert summary["failed"] == summary["sent"] and summary["retried"] == 2 * summary["sent"]
     assert summary["errors"] == {"connect refused": summary["sent"]}
+
+
+def test_the_stop_file_ends_a_long_run_early(tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
+    stop.touch()
+    url = f"http://127.0.0.1:{free_port()}/v1/preprocess"
+    started = time.monotonic()
+    _, summary = run_loadgen(url, "--schedule", "0:3", "--duration", "600", "--stop-file", str(stop), "--retries", "0")
+    assert time.monotonic() - started < 60 and summary["duration_s"] < 5, summary
