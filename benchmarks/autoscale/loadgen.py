@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -166,24 +167,36 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             await asyncio.wait(pending)
     while printed <= max(seconds, default=-1):
         printed = _print_second(seconds, printed, steps)
-    everything = Second()
-    for s in seconds.values():
-        everything.sent += s.sent
-        everything.ok += s.ok
-        everything.retried += s.retried
-        everything.failed += s.failed
-        everything.latencies += s.latencies
+    summary = _tally(seconds.values())
+    summary["duration_s"] = round(time.monotonic() - start, 1)
+    # Each step of the schedule on its own (by when requests were sent): a step's latency and
+    # failures are what a load step does to the pool.
+    bounds = [at for at, _ in steps] + [float("inf")]
+    summary["steps"] = [
+        {"from_s": lo, "rate": rate, **_tally(s for t, s in seconds.items() if lo <= t < hi)}
+        for (lo, rate), hi in zip(steps, bounds[1:], strict=True)
+    ]
+    return summary
+
+
+def _tally(seconds: Iterable[Second]) -> dict[str, object]:
+    total = Second()
+    for s in seconds:
+        total.sent += s.sent
+        total.ok += s.ok
+        total.retried += s.retried
+        total.failed += s.failed
+        total.latencies += s.latencies
         for k, v in s.errors.items():
-            everything.errors[k] = everything.errors.get(k, 0) + v
+            total.errors[k] = total.errors.get(k, 0) + v
     return {
-        "sent": everything.sent,
-        "ok": everything.ok,
-        "retried": everything.retried,
-        "failed": everything.failed,
-        "errors": everything.errors,
-        "p50_s": quantile(everything.latencies, 0.5),
-        "p99_s": quantile(everything.latencies, 0.99),
-        "duration_s": round(time.monotonic() - start, 1),
+        "sent": total.sent,
+        "ok": total.ok,
+        "retried": total.retried,
+        "failed": total.failed,
+        "errors": total.errors,
+        "p50_s": quantile(total.latencies, 0.5),
+        "p99_s": quantile(total.latencies, 0.99),
     }
 
 

@@ -14,6 +14,7 @@ cached images and take the cluster's bring-up and the tests' own time.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -33,6 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from support.kind_bringup import BRINGUP, CLUSTER, KUBECONFIG, NAMESPACE, kind_down, kind_env
+from support.kind_load import LoadPod, start_load
 from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
 from support.packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
 
@@ -451,6 +453,137 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_
         assert _lease_holder_pod(kube) == standby
     finally:
         _delete_mmps(kind, names)
+
+
+#: Small bounds and quick windows, so that the test sees a whole grow-and-shrink in minutes.
+QUICK_AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 3,
+    "signal": "cpu",
+    "target": 50,
+    "scaleUp": {"stabilizationWindowSeconds": 0, "rate": {"pods": 2, "periodSeconds": 15}},
+    "scaleDown": {"stabilizationWindowSeconds": 30, "rate": {"pods": 1, "periodSeconds": 15}},
+}
+AUTOSCALED_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}}
+
+
+def _pool_of(kube: Kube, name: str) -> dict[str, Any]:
+    (pool,) = pools(kube.get_mmp(NAMESPACE, name))
+    return pool
+
+
+def _pool_pods(kube: Kube, name: str) -> list[client.V1Pod]:
+    return [p for p in kube.pods(NAMESPACE, f"mmprep.dev/resource={name}") if not p.metadata.deletion_timestamp]
+
+
+def test_metrics_server_reports_the_runtime_pods_cpu(kind: KindCluster) -> None:
+    """The resource metrics API the CPU signal rests on, served by metrics-server on real kubelets."""
+    expected = _apply_example(kind, "cpu-pool")
+    name = load_example("cpu-pool")["metadata"]["name"]
+    wait_until_decided_and_ready(kind.kube, NAMESPACE, name, expected, timeout=900)
+
+    def runtime_cpu() -> list[str] | None:
+        raw = kind.kubectl("get", "--raw", f"/apis/metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/pods").stdout
+        usage = [
+            c["usage"]["cpu"]
+            for item in json.loads(raw)["items"]
+            if item["metadata"]["name"].startswith(name)
+            for c in item["containers"]
+            if c["name"] == "runtime"
+        ]
+        return usage or None
+
+    usage = wait_for(runtime_cpu, 180, what="the runtime container's CPU in metrics.k8s.io")
+    assert all(u.endswith(("n", "u", "m")) or u.isdigit() for u in usage), usage
+
+
+def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_failed_request(kind: KindCluster) -> None:
+    """Load on one pool through its Service, from a pod: the pool's HPA (fed by metrics-server)
+    grows it to its max while every request succeeds; the load drops to a trickle and the pool
+    shrinks back to its min, then rolls to a new template, with the trickle still running and not
+    one request failing. Another autoscaled pool with no load stays at its min throughout."""
+    kube = kind.kube
+    cpu_affinity = load_example("cpu-pool")["spec"]["affinity"]
+    busy = _mmp("elastic", affinity=cpu_affinity, resources=AUTOSCALED_RESOURCES, autoscaling=QUICK_AUTOSCALING)
+    busy["spec"]["workers"] = {"processor": 1}
+    idle = _mmp("elastic-idle", nodeSelector={"nvidia.com/gpu.present": "true"}, resources=AUTOSCALED_RESOURCES)
+    idle["spec"]["autoscaling"] = QUICK_AUTOSCALING
+    kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all([busy, idle]))
+    loads: list[LoadPod] = []
+    try:
+        for name in ("elastic", "elastic-idle"):
+            obj = kube.wait_mmp(NAMESPACE, name, lambda o: condition_is(o, "Ready", "True"), 900, what=f"{name} Ready")
+            (pool,) = pools(obj)
+            assert pool["autoscaling"]["engine"] == "HPA", pool
+        hpas = client.AutoscalingV2Api(kube.api)
+        (deployment,) = [d for d in kube.deployments(NAMESPACE) if d.metadata.labels.get("mmprep.dev/resource") == "elastic"]
+        hpa = hpas.read_namespaced_horizontal_pod_autoscaler(deployment.metadata.name, NAMESPACE)
+        assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (1, 3)
+
+        url = "http://elastic:8080/v1/preprocess"
+        text = f"{QWEN_IMAGE_PLACEHOLDER}describe"
+        heavy = start_load(kube, NAMESPACE, image=RUNTIME_IMAGE, url=url, schedule="0:8", duration=600, node=GPU_NODE, text=text)
+        loads.append(heavy)
+        trickle = start_load(
+            kube, NAMESPACE, image=RUNTIME_IMAGE, url=url, schedule="0:2", duration=1200, node=GPU_NODE, text=text
+        )
+        loads.append(trickle)
+        started = time.monotonic()
+        wait_for(
+            lambda: _pool_of(kube, "elastic")["readyReplicas"] == 3,
+            420,
+            what="the busy pool grown to its max, every pod ready",
+            describe=lambda: _pool_of(kube, "elastic").get("autoscaling"),
+        )
+        print(f"seconds from the load's start to 3 ready pods: {time.monotonic() - started:.0f}")
+        wait_for(
+            lambda: [e for e in kube.events(NAMESPACE, "elastic") if e.reason == "PoolAtMaxReplicas"],
+            120,
+            what="the PoolAtMaxReplicas Event",
+        )
+        wide = kind.kubectl("get", "mmp", "elastic", "-n", NAMESPACE, "-o", "wide").stdout
+        assert "HPA" in wide, wide
+        heavy.stop()
+        grown = heavy.result(300)
+        print(f"under load: {grown.summary}")
+        assert grown.summary["failed"] == 0 and grown.summary["ok"] > 0, grown.summary
+
+        # The trickle alone: the pool shrinks back to its min, pods draining while it runs.
+        wait_for(
+            lambda: len(_pool_pods(kube, "elastic")) == 1 and _pool_of(kube, "elastic")["replicas"] == 1,
+            600,
+            what="the busy pool shrunk back to its min",
+            describe=lambda: _pool_of(kube, "elastic").get("autoscaling"),
+        )
+        # A rollout under the same trickle: a new pod first, then the old one drains.
+        old = {p.metadata.name for p in _pool_pods(kube, "elastic")}
+        kube.patch_mmp(NAMESPACE, "elastic", {"spec": {"env": [{"name": "MMPREP_TEST_ROLL", "value": "1"}]}})
+        wait_for(
+            lambda: (
+                (pods := _pool_pods(kube, "elastic"))
+                and not {p.metadata.name for p in pods} & old
+                and all(p.status.phase == "Running" for p in pods)
+                and _pool_of(kube, "elastic")["readyReplicas"] == 1
+            ),
+            600,
+            what="the rollout to a new pod",
+        )
+        trickle.stop()
+        shrunk = trickle.result(300)
+        print(f"through the shrink and the rollout: {shrunk.summary}")
+        assert shrunk.summary["failed"] == 0 and shrunk.summary["ok"] > 0, shrunk.summary
+
+        # The other pool was left alone, and the operator never owned an autoscaled replica count.
+        idle_pool = _pool_of(kube, "elastic-idle")
+        assert (idle_pool["replicas"], idle_pool["autoscaling"].get("desiredReplicas", 1)) == (1, 1), idle_pool
+        deployment = kube.apps.read_namespaced_deployment(deployment.metadata.name, NAMESPACE)
+        ours = [m for m in deployment.metadata.managed_fields if m.manager == "mmprep-operator"]
+        assert ours and all("f:replicas" not in json.dumps(m.fields_v1 or {}) for m in ours)
+    finally:
+        for load in loads:
+            with contextlib.suppress(ApiException):
+                load.delete()
+        _delete_mmps(kind, ["elastic", "elastic-idle"])
 
 
 def test_helm_test_makes_a_resource_go_ready_and_cleans_up(kind: KindCluster) -> None:

@@ -52,6 +52,8 @@ def test_every_request_sent_is_counted_once_served_or_failed(qwen_dir: Path) -> 
         assert summary["p99_s"] >= summary["p50_s"] > 0
         # The schedule's step shows in the per-second counts.
         assert seconds[0]["rate"] == 4 and seconds[2]["rate"] == 8
+        assert [(step["from_s"], step["rate"]) for step in summary["steps"]] == [(0, 4), (1, 8)]
+        assert sum(step["sent"] for step in summary["steps"]) == summary["sent"]
         # A body the runtime refuses (4xx) is a failure, not a success or a retry.
         _, refused = run_loadgen(url, "--schedule", "0:4", "--duration", "1", "--text", "no placeholder", "--image-side", "64")
         assert refused["failed"] == refused["sent"] > 0 and refused["retried"] == 0, refused
