@@ -10,7 +10,8 @@
 #      privileged containers (hack/docker/start-dockerd.sh);
 #   3. makes real processor folders with the runtime image (`make-model`, no hub) in
 #      $KIND_MODELS_DIR, mounted at /mmprep-models on every kind node;
-#   4. creates the cluster (one control plane, two workers): static per-node CNI configs and pod
+#   4. creates the cluster (one control plane, two workers, one writable folder shared by both as
+#      /mmprep-shared): static per-node CNI configs and pod
 #      routes between the nodes (kindnetd is not built here), kubelets allowed on cgroup v1;
 #   5. loads both images into the workers (hack/kind/load-image.sh: what `kind load` does, but the
 #      6 GB runtime image is stored once per node);
@@ -82,7 +83,10 @@ for model in qwen2-vl uncloneable; do
 done
 
 state="$MMPREP_CACHE/kind/$KIND_CLUSTER"
-mkdir -p "$(dirname "$KIND_KUBECONFIG")" "$state"
+mkdir -p "$(dirname "$KIND_KUBECONFIG")" "$state" "$state/shared"
+# /mmprep-shared: one writable folder seen by both workers, what a ReadWriteMany volume (NFS) gives
+# pods on several nodes; tests provision PersistentVolumes in it as a cluster admin would.
+chmod 0777 "$state/shared"
 roles=(control-plane worker worker)
 clusters=$("$KIND" get clusters 2>/dev/null || true)
 if ! grep -qx "$KIND_CLUSTER" <<<"$clusters"; then
@@ -103,6 +107,7 @@ if ! grep -qx "$KIND_CLUSTER" <<<"$clusters"; then
       echo "  extraMounts:"
       echo "  - {hostPath: \"$state/cni-$i.conflist\", containerPath: /etc/cni/net.d/10-kind-ptp.conflist, readOnly: true}"
       [ "${roles[$i]}" = worker ] && echo "  - {hostPath: \"$KIND_MODELS_DIR\", containerPath: /mmprep-models, readOnly: true}"
+      [ "${roles[$i]}" = worker ] && echo "  - {hostPath: \"$state/shared\", containerPath: /mmprep-shared}"
     done
   } >"$cfg"
   log "creating kind cluster $KIND_CLUSTER from $KIND_NODE_IMAGE"

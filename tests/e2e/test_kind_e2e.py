@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import textwrap
 import time
@@ -453,6 +454,88 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_
         assert _lease_holder_pod(kube) == standby
     finally:
         _delete_mmps(kind, names)
+
+
+README = REPO / "README.md"
+
+
+def _readme_first_resource() -> list[dict[str, Any]]:
+    """The objects of the README's "A first resource" section, in its order (claim, Job, resource)."""
+    text = README.read_text()
+    section = text[text.index("## A first resource") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    return [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
+
+
+def test_the_readmes_first_resource_goes_ready_on_kind_and_answers(kind: KindCluster) -> None:
+    """The README's steps as a new user runs them, in a new namespace: its claim, its Job filling
+    the claim (the offline command it gives), its resource; then a request to the Service it names.
+    Changed only where this cluster differs from the README's: the image is the locally built one,
+    the resources fit kind's 2-core nodes, and a cluster admin has provided the ReadWriteMany
+    volume (a folder both workers mount, as NFS would)."""
+    kube = kind.kube
+    claim, job, resource = _readme_first_resource()
+    assert (claim["kind"], job["kind"], resource["kind"]) == ("PersistentVolumeClaim", "Job", "MultimodalPreprocessor")
+    namespace = f"readme-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(
+        client.V1Namespace(
+            metadata=client.V1ObjectMeta(name=namespace, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+        )
+    )
+    volume = f"readme-{namespace}"
+    kube.core.create_persistent_volume(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": f"/mmprep-shared/{volume}", "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": namespace, "name": claim["metadata"]["name"]},
+            },
+        }
+    )
+    try:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        container["image"] = RUNTIME_IMAGE
+        container["imagePullPolicy"] = "IfNotPresent"
+        offline = re.search(r"`(mmprep-runtime make-model [^`]+)`", README.read_text())
+        assert offline, "the README's offline command"
+        container["command"] = offline.group(1).split()
+        resource["spec"]["resources"] = copy.deepcopy(SMALL)
+        for doc in (claim, job, resource):
+            kind.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+        wait_for(
+            lambda: (kube.batch.read_namespaced_job(job["metadata"]["name"], namespace).status.succeeded or 0) >= 1,
+            300,
+            what="the README's Job filling the claim",
+        )
+        name = resource["metadata"]["name"]
+        obj = kube.wait_mmp(namespace, name, lambda o: condition_is(o, "Ready", "True"), 900, what="the README's resource Ready")
+        assert sum(p["readyReplicas"] for p in pools(obj)) == resource["spec"]["replicas"]
+        out = _run_client_pod(
+            kind,
+            f"""
+            import base64, io, json, urllib.request
+            from PIL import Image
+            buf = io.BytesIO(); Image.new("RGB", (64, 48), (20, 120, 200)).save(buf, "PNG")
+            image = base64.b64encode(buf.getvalue()).decode()
+            body = json.dumps({{"text": "{QWEN_IMAGE_PLACEHOLDER}describe", "images": [image]}})
+            req = urllib.request.Request("http://{name}.{namespace}.svc:8080/v1/preprocess", data=body.encode(),
+                                         headers={{"Content-Type": "application/json"}})
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                print(json.dumps({{"status": resp.status, "tokens": len(json.load(resp)["input_ids"])}}))
+            """,
+            node=GPU_NODE,
+        )
+        answer = json.loads(out.strip().splitlines()[-1])
+        assert answer["status"] == 200 and answer["tokens"] > 0, answer
+    finally:
+        kind.kubectl("delete", "namespace", namespace, "--wait=true", timeout=300, check=False)
+        kube.core.delete_persistent_volume(volume)
 
 
 #: Small bounds and quick windows, so that the test sees a whole grow-and-shrink in minutes.
