@@ -25,6 +25,12 @@ loaded() { local ids; ids=$(docker exec "$1" crictl images -q --no-trunc 2>/dev/
 todo=()
 for node in "$@"; do loaded "$node" || todo+=("$node"); done
 [ ${#todo[@]} -gt 0 ] || exit 0
+# The image each node holds under this name now: a rebuild replaces it, and the replaced one (6 GB
+# for the runtime) is removed once the new one is in, or every rebuild would leave one behind.
+declare -A replaced
+for node in "${todo[@]}"; do
+  replaced[$node]=$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$ref" 2>/dev/null || true)
+done
 
 # The nodes' containerd stores live under the engine's data root. Each node needs the unpacked
 # image plus its compressed layers until they are dropped; the compressed copy on the host is about
@@ -58,6 +64,10 @@ for group in "${groups[@]}"; do
     # The CRI plugin learns of the import from containerd's events: give it a moment.
     for _ in $(seq 60); do loaded "$node" && break; sleep 1; done
     loaded "$node" || kdie "$image is not usable on $node after loading"
+    old=${replaced[$node]:-}
+    if [ -n "$old" ] && [ "$old" != "$id" ]; then
+      docker exec "$node" crictl rmi "$old" >/dev/null 2>&1 || klog "$node still uses the replaced $old (a pod runs it); kept"
+    fi
   done
   klog "loaded $image into ${nodes[*]} in $((SECONDS - start)) s"
 done
