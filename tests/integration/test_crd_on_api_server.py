@@ -60,7 +60,11 @@ def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
             id="override-without-target",
         ),
         pytest.param(
-            {"model": {"path": "/m"}, "resources": {"requests": {"cpu": "1"}}, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+            {
+                "model": {"path": "/m"},
+                "resources": {"requests": {"cpu": "1"}},
+                "autoscaling": {"minReplicas": 5, "maxReplicas": 2},
+            },
             "autoscaling.minReplicas must not exceed maxReplicas",
             id="autoscaling-min-above-max",
         ),

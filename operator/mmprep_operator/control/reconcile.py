@@ -300,6 +300,10 @@ class Reconciler:
             # The Job's own events bring the result; this is the net under a lost watch event.
             done = Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
             return await self._finish(read, obs, done)
+        if any(s.engine == "None" for s in plan.scaling.values()):
+            # Held pools: no event says that metrics-server or KEDA arrived; look again once
+            # the detection's answer may have changed.
+            return await self._finish(read, obs, Outcome("done", requeue_after=self.autoscalers.ttl_seconds))
         return await self._finish(read, obs, Outcome("done"))
 
     async def _finish(self, read: _Read, obs: status.Observation, outcome: Outcome) -> Outcome | ReadAgain:

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from mmprep_operator import api
 from mmprep_operator.api import crd
 
-
 CPU = {"requests": {"cpu": "1"}}
 
 
@@ -70,7 +69,11 @@ VIOLATIONS = [
         "autoscaling.pools: autoscaling target out of range for its signal",
     ),
     (
-        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"maxReplicas": 4, "pools": [{"pool": "h200", "minReplicas": 6}]}},
+        {
+            "model": {"path": "/m"},
+            "resources": CPU,
+            "autoscaling": {"maxReplicas": 4, "pools": [{"pool": "h200", "minReplicas": 6}]},
+        },
         "autoscaling.pools: a pool's minReplicas must not exceed its maxReplicas",
     ),
     (
@@ -86,7 +89,11 @@ VIOLATIONS = [
         "autoscaling on signal cpu needs a CPU request",
     ),
     (
-        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"maxReplicas": 4, "scaleUp": {"rate": {"periodSeconds": 30}}}},
+        {
+            "model": {"path": "/m"},
+            "resources": CPU,
+            "autoscaling": {"maxReplicas": 4, "scaleUp": {"rate": {"periodSeconds": 30}}},
+        },
         "a scaling rate sets exactly one of pods and percent",
     ),
 ]
@@ -133,7 +140,12 @@ def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, messa
         },
         {
             "model": {"path": "/m"},
-            "autoscaling": {"maxReplicas": 4, "signal": "queueWait", "target": 600000, "prometheus": {"serverAddress": "http://p:9090"}},
+            "autoscaling": {
+                "maxReplicas": 4,
+                "signal": "queueWait",
+                "target": 600000,
+                "prometheus": {"serverAddress": "http://p:9090"},
+            },
         },
     ],
 )
