@@ -236,8 +236,8 @@ def observed(
     """A pool's autoscaling status: the choice, and what its HPA (or ScaledObject) last said.
 
     An HPA reports current and desired replicas; a ScaledObject does not (its HPA, made by KEDA,
-    does), so for KEDA the Deployment's replicas stand for both and its Ready/Active conditions
-    for the reason.
+    does), so for KEDA (and a held pool) the Deployment's replicas stand for both, and the
+    ScaledObject's Ready/Active conditions for the reason.
     """
     status = dict((autoscaler or {}).get("status") or {})
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
@@ -252,7 +252,8 @@ def observed(
             scaling_reason, scaling_message = c.get("reason") or type_, c.get("message")
             break
     current, desired = status.get("currentReplicas"), status.get("desiredReplicas")
-    if scaling.engine == "KEDA":
+    if scaling.engine != "HPA":
+        # KEDA's own HPA knows; a held pool has no autoscaler: the Deployment's count is both.
         current = desired = deployment_replicas
     return api.PoolAutoscalingStatus(
         engine=scaling.engine,
@@ -271,7 +272,13 @@ def observed(
 
 
 def at_max(pool: api.PoolAutoscalingStatus | None) -> bool:
-    return pool is not None and pool.desired_replicas is not None and pool.desired_replicas >= pool.max_replicas
+    """The pool's autoscaler asks for its max (a held pool has no autoscaler to ask)."""
+    return (
+        pool is not None
+        and pool.engine != "None"
+        and pool.desired_replicas is not None
+        and pool.desired_replicas >= pool.max_replicas
+    )
 
 
 def summary(pools: list[api.PoolStatus]) -> str | None:
