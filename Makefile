@@ -39,6 +39,7 @@ gpu-check: venv
 # --- local control plane (hack/): real etcd, kube-apiserver, controller-manager, scheduler, KWOK
 control-plane:
 	hack/build-control-plane.sh >/dev/null
+	hack/keda-crds.sh >/dev/null
 
 # vLLM in its own virtualenv (it pins its own torch and transformers), for tests/compat/ and the
 # render benchmark: the peer the vLLM render API is compared with.

@@ -122,7 +122,16 @@ def cmd_render(args: argparse.Namespace) -> int:
         lines.append("# no --probe given: assuming a cloneable processor with a fast image processor")
     if plan.problem is not None:
         lines.append(f"# {plan.problem.reason}: {plan.problem.message}")
-    lines += [f"# {sentence(d)}; {plan.replicas[d.pool.name]} replica(s) on {len(d.pool.nodes)} node(s)" for d in plan.decisions]
+    if plan.scaling:
+        lines.append("# autoscaling: assuming the cluster has metrics-server and KEDA (the operator detects them)")
+
+    def sized(pool: str) -> str:
+        s = plan.scaling.get(pool)
+        if s is None:
+            return f"{plan.replicas[pool]} replica(s)"
+        return f"{s.min_replicas}..{s.max_replicas} replicas by {s.engine} (starting at {plan.replicas[pool]})"
+
+    lines += [f"# {sentence(d)}; {sized(d.pool.name)} on {len(d.pool.nodes)} node(s)" for d in plan.decisions]
     objects = list(plan.objects)
     if args.with_probe_job:
         reprobe = (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE)

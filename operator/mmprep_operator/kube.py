@@ -26,9 +26,18 @@ from mmprep_operator import api
 from mmprep_operator.bounded import remember
 
 FIELD_MANAGER: Final = "mmprep-operator"
+#: The manager that keeps an autoscaled Deployment's replicas while the operator lets go of them
+#: (``applier``): a field no manager owns any more falls back to its default (1 replica).
+HANDOVER_FIELD_MANAGER: Final = "mmprep-replicas-handover"
 _TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
 #: Events whose count this client last set, remembered so a repeat is one PATCH.
 _EVENT_COUNTS_KEPT: Final = 4096
+
+# Cluster-scoped kinds the operator reads (what the cluster can autoscale with) -> collection path.
+_CLUSTER_PATHS: Final[dict[tuple[str, str], str]] = {
+    ("apiregistration.k8s.io/v1", "APIService"): "/apis/apiregistration.k8s.io/v1/apiservices",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+}
 
 # Kinds the operator writes -> (API prefix, plural).
 _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
@@ -36,6 +45,8 @@ _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("v1", "Service"): ("/api/v1", "services"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("v1", "Event"): ("/api/v1", "events"),
     ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     (api.API_VERSION, api.KIND): (f"/apis/{api.API_VERSION}", api.PLURAL),
@@ -88,8 +99,9 @@ class KubeApi(Protocol):
     async def replace_resource_status(
         self, namespace: str, name: str, status: Mapping[str, Any], *, resource_version: str | None = None
     ) -> str | None: ...
-    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]: ...
+    async def apply(self, obj: Mapping[str, Any], *, force: bool, field_manager: str = FIELD_MANAGER) -> dict[str, Any]: ...
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def get_cluster_object(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None: ...
     async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -222,7 +234,7 @@ class RestKubeApi:
 
     # ------------------------------------------------------------------------------ children
 
-    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]:
+    async def apply(self, obj: Mapping[str, Any], *, force: bool, field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply. Unforced, a field another manager set answers 409 (``Conflict``)."""
         meta = obj["metadata"]
         path = f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{quote(meta['name'])}"
@@ -231,9 +243,16 @@ class RestKubeApi:
             path,
             body=obj,
             content_type="application/apply-patch+yaml",  # JSON is YAML
-            params={"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"},
+            params={"fieldManager": field_manager, "force": "true" if force else "false"},
         )
         return result or {}
+
+    async def get_cluster_object(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            collection = _CLUSTER_PATHS[(api_version, kind)]
+        except KeyError:
+            raise ValueError(f"the operator does not read {kind} ({api_version})") from None
+        return await self._call("GET", f"{collection}/{quote(name)}", missing_ok=True)
 
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", f"{collection_path(api_version, kind, namespace)}/{quote(name)}", missing_ok=True)

@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.packaging_support import CHART, one, template
 
+from mmprep_operator import api
+from mmprep_operator.api.autoscaling import SIGNALS
 from mmprep_operator.control.leadership import LeaderMetrics
 from mmprep_operator.control.metrics import Metrics as OperatorMetrics
+from mmprep_operator.logic import autoscaling, identity
 from mmprep_runtime.server.metrics import Metrics as RuntimeMetrics
 
 ENABLED = {"grafanaDashboard": {"enabled": True}, "prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
@@ -68,6 +72,19 @@ def test_every_metric_the_dashboard_and_the_alerts_query_is_exported() -> None:
     assert grouped <= labels, f"labels the ServiceMonitor does not add: {grouped - labels}"
     missing = names - grouped - _exported() - PROMETHEUS_SERIES
     assert not missing, f"queried but exported by no component: {missing}"
+
+
+@pytest.mark.parametrize("signal", [s for s in SIGNALS if s != "cpu"])
+def test_every_metric_a_keda_trigger_queries_is_exported_under_the_servicemonitors_labels(signal: str) -> None:
+    owner = identity.Owner(name="m", namespace="ns", uid="u")
+    section = api.Autoscaling(maxReplicas=2, signal=signal, prometheus=api.Prometheus(serverAddress="http://p:9090"))
+    (scaling,) = autoscaling.pool_scaling(owner, section, ["cpu"], autoscaling.ASSUMED).values()
+    query = autoscaling.render_scaled_object(owner, section, scaling)["spec"]["triggers"][0]["metadata"]["query"]
+    names = set(SERIES.findall(query))
+    grouped = {n for n in names if n.startswith("mmprep_dev_")}
+    # Selected by pool: without both labels the query would sum every pool's (or resource's) pods.
+    assert grouped == {"mmprep_dev_resource", "mmprep_dev_pool"} and grouped <= _target_labels(template(ENABLED))
+    assert names - grouped and not (names - grouped - _exported()), f"queried but not exported: {names - grouped - _exported()}"
 
 
 def test_a_misspelled_metric_would_be_caught() -> None:

@@ -159,9 +159,12 @@ def test_rbac_is_least_privilege() -> None:
     triples = normalized_rules(yaml.safe_load(operator_cli("rbac"))["rules"])
     assert not [t for t in triples if "*" in t], "wildcards in RBAC"
     assert not [t for t in triples if t[1] in {"secrets", "configmaps"}], "the operator must not read Secrets or ConfigMaps"
-    for resource in ("nodes", "pods", "namespaces", "customresourcedefinitions"):
+    for resource in ("nodes", "pods", "namespaces", "customresourcedefinitions", "apiservices"):
         verbs = {v for _, r, v in triples if r == resource}
         assert verbs <= {"get", "list", "watch"}, f"{resource} must be read-only, got {verbs}"
+    # Detecting metrics-server reads its one APIService, by name.
+    (apiservices,) = [r for r in yaml.safe_load(operator_cli("rbac"))["rules"] if "apiservices" in r["resources"]]
+    assert apiservices["resourceNames"] == ["v1beta1.metrics.k8s.io"] and apiservices["verbs"] == ["get"]
     assert {v for _, r, v in triples if r == "events"} <= {"get", "list", "watch", "create", "patch"}
 
 
@@ -170,7 +173,14 @@ def test_watched_namespaces_confine_namespaced_rights_to_those_namespaces() -> N
     namespaced_role = one(rendered, "ClusterRole", "-operator")
     cluster_role = one(rendered, "ClusterRole", "-operator-cluster")
     # Cluster-wide: only cluster-scoped resources, read-only.
-    assert {r for _, r, _ in normalized_rules(cluster_role["rules"])} <= {"nodes", "namespaces", "customresourcedefinitions"}
+    assert {r for _, r, _ in normalized_rules(cluster_role["rules"])} <= {
+        "nodes",
+        "namespaces",
+        "customresourcedefinitions",
+        "apiservices",
+    }
+    # The triples leave resourceNames out: the chart must keep them (the metrics APIService only).
+    assert [r["resourceNames"] for r in cluster_role["rules"] if "apiservices" in r["resources"]] == [["v1beta1.metrics.k8s.io"]]
     cluster_bindings = objects(rendered, "ClusterRoleBinding")
     assert [b["roleRef"]["name"] for b in cluster_bindings] == [cluster_role["metadata"]["name"]]
     # Deployments, Jobs, Services, pods, Events, the resources: only in the watched namespaces.

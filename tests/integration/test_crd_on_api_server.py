@@ -59,6 +59,39 @@ def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
             "an override names exactly one of gpuProduct and gpuFamily",
             id="override-without-target",
         ),
+        pytest.param(
+            {
+                "model": {"path": "/m"},
+                "resources": {"requests": {"cpu": "1"}},
+                "autoscaling": {"minReplicas": 5, "maxReplicas": 2},
+            },
+            "autoscaling.minReplicas must not exceed maxReplicas",
+            id="autoscaling-min-above-max",
+        ),
+        pytest.param(
+            {"model": {"path": "/m"}, "resources": {"requests": {"cpu": "1"}}, "autoscaling": {"maxReplicas": 3, "target": 0}},
+            "autoscaling target out of range for its signal",
+            id="autoscaling-target-out-of-range",
+        ),
+        pytest.param(
+            {
+                "model": {"path": "/m"},
+                "resources": {"requests": {"cpu": "1"}},
+                "autoscaling": {"maxReplicas": 3, "pools": [{"pool": "h200", "minReplicas": 4}]},
+            },
+            "a pool's minReplicas must not exceed its maxReplicas",
+            id="autoscaling-pool-min-above-section-max",
+        ),
+        pytest.param(
+            {"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 3}},
+            "autoscaling on signal cpu needs a CPU request",
+            id="autoscaling-cpu-without-cpu-request",
+        ),
+        pytest.param(
+            {"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 3, "signal": "queueWait", "target": 700000}},
+            "autoscaling target out of range for its signal",
+            id="autoscaling-queue-wait-target-out-of-range",
+        ),
     ],
 )
 def test_the_api_server_rejects_an_invalid_resource_with_its_message(

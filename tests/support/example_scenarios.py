@@ -34,6 +34,7 @@ def expected_pools(name: str, declared_workers: int | None) -> Expectation:
     """Pool name -> (path, processor workers, reason), on hack/nodes.yaml's nodes."""
     cpu_default = ("cpu", declared_workers, "ModelDeclared") if declared_workers else ("cpu", 2, "CPUPathDefault")
     table: dict[str, Expectation] = {
+        "autoscaling": {"cpu": cpu_default},
         "cpu-pool": {"cpu": cpu_default},
         "gpu-pool": {"nvidia-h200": ("gpu", 1, "GPUPathCap")},
         "explicit-override": {"cpu": ("cpu", 3, "Explicit")},

@@ -110,6 +110,7 @@ class Kube:
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.ext = client.ApiextensionsV1Api(api)
+        self.autoscaling = client.AutoscalingV2Api(api)
 
     # --- MultimodalPreprocessor -----------------------------------------------------------------
     def create_mmp(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,16 @@ Field names are snake_case in Python and camelCase on the wire (aliases).
 
 # The resource's types are read as ``api.X`` everywhere (``api.MultimodalPreprocessorSpec``,
 # ``api.KIND``), as kubebuilder's ``api/v1alpha1`` package is: one name for the API whichever of
-# its modules (``base``, ``spec``, ``status``) defines a type. So they are re-exported here, and
+# its modules (``base``, ``spec``, ``autoscaling``, ``status``) defines a type. So they are re-exported here, and
 # only here; ``crd``, ``rbac`` and ``policy`` are imported as modules of their own.
+from mmprep_operator.api.autoscaling import (
+    Autoscaling,
+    PoolAutoscaling,
+    PoolAutoscalingStatus,
+    Prometheus,
+    ScalingBehavior,
+    ScalingRate,
+)
 from mmprep_operator.api.base import (
     API_VERSION,
     CATEGORIES,
@@ -69,6 +77,7 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
+    "Autoscaling",
     "CalibrationPoint",
     "CalibrationState",
     "Condition",
@@ -82,6 +91,8 @@ __all__ = [
     "MultimodalPreprocessorStatus",
     "NamedObject",
     "Platform",
+    "PoolAutoscaling",
+    "PoolAutoscalingStatus",
     "PoolCalibration",
     "PoolProblem",
     "PoolStatus",
@@ -89,8 +100,11 @@ __all__ = [
     "ProbeSpec",
     "ProbeState",
     "ProbeStatus",
+    "Prometheus",
     "Quantity",
     "Resources",
+    "ScalingBehavior",
+    "ScalingRate",
     "ServedApi",
     "TopologySpread",
     "WorkerCount",

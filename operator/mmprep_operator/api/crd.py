@@ -43,6 +43,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.calibrationSummary",
         "description": "Which pools' worker counts were measured (calibration state per pool).",
     },
+    {
+        "name": "Autoscaling",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.autoscalingSummary",
+        "description": "Per autoscaled pool: engine, current->desired/max replicas.",
+    },
+    {
+        "name": "Scaling",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": '.status.conditions[?(@.type=="Autoscaling")].reason',
+        "description": "Who scales the pools, or why nobody can (NoMetricsServer, NoKEDA).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

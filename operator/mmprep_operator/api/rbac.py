@@ -30,12 +30,25 @@ RULES: Final[list[dict[str, Any]]] = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _MANAGE},
     # A PodDisruptionBudget per pool (server-side apply; pruned with its pool).
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _MANAGE},
+    # Autoscaled pools: an HPA per pool Deployment (signal cpu), or a KEDA ScaledObject (the
+    # runtime's signals); server-side apply, pruned with their pool.
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": _MANAGE},
+    {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": _MANAGE},
+    # Whether metrics-server serves the metrics API (its APIService, by name only; KEDA's CRD
+    # is read under the customresourcedefinitions rule below).
+    {
+        "apiGroups": ["apiregistration.k8s.io"],
+        "resources": ["apiservices"],
+        "resourceNames": ["v1beta1.metrics.k8s.io"],
+        "verbs": ["get"],
+    },
     # Probe pods: their termination message carries the probe's JSON; runtime pods: why they
     # are not ready (the scheduler's condition, a container's termination message).
     {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
     # Events for decisions and failures (ours and kopf's).
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "get", "patch"]},
-    # kopf: discovers the CRD and follows its (re)installation; watches namespaces only when
+    # kopf: discovers the CRD and follows its (re)installation (and whether KEDA's is there, for
+    # autoscaling); watches namespaces only when
     # --namespace is given a glob pattern.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": _READ},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": _READ},

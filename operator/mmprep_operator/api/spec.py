@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from mmprep_operator.api.autoscaling import CPU_SIGNAL_NEEDS_CPU_REQUEST, Autoscaling
 from mmprep_operator.api.base import (
     CEL_HAS_GPU,
     ApiModel,
@@ -247,7 +248,7 @@ ServedApi = Literal["mmprep", "vllm-render"]
 class MultimodalPreprocessorSpec(ApiModel):
     """A preprocessing service for one Hugging Face processor, sized per GPU node pool."""
 
-    model_config = cel_rules(_CUDA_NEEDS_GPU, _CACHE_VOLUME_EXISTS)
+    model_config = cel_rules(_CUDA_NEEDS_GPU, _CACHE_VOLUME_EXISTS, CPU_SIGNAL_NEEDS_CPU_REQUEST)
 
     model: ModelSource = Field(description="The processor to serve.")
     api: ServedApi = Field(
@@ -268,6 +269,10 @@ class MultimodalPreprocessorSpec(ApiModel):
     workers: Workers = Field(default_factory=Workers, description="Worker counts and per-GPU overrides.")
     replicas: int = Field(
         1, ge=0, le=1000, description="Total runtime pods, spread over the pools by eligible node count (docs/operator.md)."
+    )
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description="Scale each pool between bounds with the cluster's autoscaler, not fixed replicas (docs/autoscaling.md).",
     )
     image: str | None = Field(None, min_length=1, max_length=1024, description="Runtime image; default from the operator policy.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, description="Image pull policy.")
@@ -307,7 +312,13 @@ class MultimodalPreprocessorSpec(ApiModel):
             raise ValueError(_CUDA_NEEDS_GPU.message)
         if self.model.cache_volume is not None and self.model.cache_volume not in {v.name for v in self.volumes}:
             raise ValueError(_CACHE_VOLUME_EXISTS.message)
+        if self.autoscaling is not None and self.autoscaling.signal == "cpu" and not self.requests_cpu():
+            raise ValueError(CPU_SIGNAL_NEEDS_CPU_REQUEST.message)
         return self
+
+    def requests_cpu(self) -> bool:
+        """Whether the runtime container has a CPU request (a CPU limit alone becomes one)."""
+        return "cpu" in self.resources.requests or "cpu" in self.resources.limits
 
     def requests_gpu(self) -> bool:
         """Whether each pod is given a GPU (the resource request is what gives it one)."""

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from mmprep_operator.api.autoscaling import PoolAutoscalingStatus
 from mmprep_operator.api.base import ApiModel
 from mmprep_operator.api.spec import MultimodalPreprocessorSpec
 from mmprep_runtime.contract import ProbeAnswer
@@ -101,7 +102,7 @@ class PoolStatus(ApiModel):
     override_source: str | None = Field(None, description="Which override applied, when reason is Override.")
     explicit_not_honoured: int | None = Field(None, description="An explicit count that could not be honoured.")
     deployment: str = Field(description="Name of the pool's Deployment.")
-    replicas: int = Field(description="Desired pods in the pool.")
+    replicas: int = Field(description="Desired pods in the pool (the Deployment's, when an autoscaler sizes it).")
     ready_replicas: int = Field(0, description="Ready pods in the pool.")
     calibration: PoolCalibration | None = Field(None, description="The pool's calibration, when calibration is on.")
     arch: str | None = Field(
@@ -109,6 +110,9 @@ class PoolStatus(ApiModel):
     )
     problem: PoolProblem | None = Field(
         None, description="Why the pool's pods are not (all) running: scheduler, image or container."
+    )
+    autoscaling: PoolAutoscalingStatus | None = Field(
+        None, description="Who scales the pool and what it last said, when spec.autoscaling is set."
     )
 
 
@@ -131,6 +135,9 @@ class MultimodalPreprocessorStatus(ApiModel):
     ready_summary: str | None = Field(None, description="ready/desired pods, for kubectl get.")
     calibration_summary: str | None = Field(
         None, description="Calibration state per pool (measured, pending, failed, ...), for kubectl get -o wide."
+    )
+    autoscaling_summary: str | None = Field(
+        None, description="Per pool: engine current->desired/max (e.g. H200=HPA:2->4/8), for kubectl get -o wide."
     )
 
     def condition(self, type_: str) -> Condition | None:

@@ -12,6 +12,16 @@ Calls are saved where the watch already tells the answer: a child applied before
 since (``children.ChildStore``) is not applied again, and the pool kinds are listed and pruned
 only when the set of pools changed since the last prune (or is unknown, after a restart).
 
+Autoscaled pools: their Deployments are rendered without replicas, and a field an apply leaves out
+is a field the applier gives up; given up by its only owner, it is reset to its default (1
+replica). So before the operator first applies such a Deployment without replicas while it still
+owns them (a new Deployment, made at the pool's starting count, or a pool going from fixed to
+autoscaled), a second field manager (``kube.HANDOVER_FIELD_MANAGER``) applies the live count alone,
+on the condition that the Deployment is still at the version read: the count then keeps an owner
+and its value, and the next write to it is the autoscaler's. The way back (autoscaled to fixed)
+needs nothing of the kind: the operator's apply sets replicas again, forced over the previous
+owner as any field of a Deployment its resource controls.
+
 Neighbours: ``render`` builds the objects (pure); ``children`` knows what the watch shows;
 ``reconcile`` decides when applying is allowed (only from a freshly read spec).
 """
@@ -25,8 +35,8 @@ from typing import Any, Final
 
 from mmprep_operator.control import children
 from mmprep_operator.control.children import ChildStore
-from mmprep_operator.kube import ApiError, Conflict, ForeignObject, KubeApi
-from mmprep_operator.logic import identity, status
+from mmprep_operator.kube import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, ApiError, Conflict, ForeignObject, KubeApi
+from mmprep_operator.logic import autoscaling, identity, status
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.plan import Plan
 
@@ -34,7 +44,24 @@ log = logging.getLogger("mmprep.operator.applier")
 
 _APPLY_ATTEMPTS: Final = 3
 #: The children made per pool (kind -> apiVersion), pruned when their pool goes.
-POOL_KINDS: Final = {"Deployment": "apps/v1", "PodDisruptionBudget": "policy/v1"}
+POOL_KINDS: Final = {
+    "Deployment": "apps/v1",
+    "PodDisruptionBudget": "policy/v1",
+    autoscaling.HPA_KIND: autoscaling.HPA_API_VERSION,
+    autoscaling.KEDA_KIND: autoscaling.KEDA_API_VERSION,
+}
+#: Pool kinds a cluster may not serve (KEDA not installed): nothing of them to prune there.
+_OPTIONAL_KINDS: Final = frozenset({autoscaling.KEDA_KIND})
+
+
+def owns_replicas(body: Mapping[str, Any], manager: str = FIELD_MANAGER) -> bool:
+    """Whether ``manager``'s applies own the Deployment's spec.replicas (its managedFields say)."""
+    for entry in (body.get("metadata") or {}).get("managedFields") or ():
+        ours = entry.get("manager") == manager and entry.get("operation") == "Apply" and not entry.get("subresource")
+        if ours and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            return True
+    return False
+
 
 Key = tuple[str, str]  # (namespace, name) of the resource
 
@@ -82,6 +109,9 @@ class ChildApplier:
                     # Applied before and untouched since (the watch says so): no call needed.
                     state = self.children.deployment_state(owner.namespace, child) if obj["kind"] == "Deployment" else None
                 else:
+                    seed = plan.seed_of(child) if obj["kind"] == "Deployment" else None
+                    if seed is not None:
+                        await self.hand_over_replicas(owner, obj, seed)
                     applied = await self.apply(owner, obj)
                     self.children.record_apply(obj, applied)
                     state = children.deployment_state(applied) if obj["kind"] == "Deployment" else None
@@ -134,11 +164,52 @@ class ChildApplier:
                     log.info("conflict on apply; retrying", extra={"kind": obj["kind"], "object": meta["name"]})
         raise Conflict(409, "Conflict", f"{obj['kind']} {meta['namespace']}/{meta['name']} kept changing during apply")
 
+    async def hand_over_replicas(self, owner: identity.Owner, obj: Mapping[str, Any], seed: int) -> None:
+        """Before ``obj`` (a Deployment without replicas) is applied: make sure its replicas have
+        an owner other than the operator, at the count they have (``seed`` for a new one)."""
+        meta = obj["metadata"]
+        for _ in range(_APPLY_ATTEMPTS):
+            live = await self.kube.get_object("apps/v1", "Deployment", meta["namespace"], meta["name"])
+            if live is None:
+                # A new pool: made at its starting count, then handed over like any other.
+                live = await self.apply(owner, {**obj, "spec": {**obj["spec"], "replicas": seed}})
+            if not owns_replicas(live):
+                return  # the autoscaler's (or the handover's) already
+            count = int((live.get("spec") or {}).get("replicas") or 0)
+            live_meta = live.get("metadata") or {}
+            handover = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                # The version read: should the autoscaler write the count meanwhile, this answers
+                # 409 and is read again, rather than put the old count back.
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "resourceVersion": live_meta.get("resourceVersion"),
+                },
+                "spec": {"replicas": count},
+            }
+            try:
+                await self.kube.apply(handover, force=True, field_manager=HANDOVER_FIELD_MANAGER)
+            except Conflict:
+                continue
+            log.info("replicas handed over to the autoscaler", extra={"object": meta["name"], "replicas": count})
+            return
+        raise Conflict(
+            409, "Conflict", f"Deployment {meta['namespace']}/{meta['name']} kept changing during the replicas handover"
+        )
+
     async def prune(self, owner: identity.Owner, keep: frozenset[tuple[str, str]]) -> None:
-        """Delete this resource's Deployments and PodDisruptionBudgets of pools that no longer exist."""
+        """Delete this resource's per-pool children (Deployments, budgets, autoscalers) not in ``keep``."""
         selector = identity.selector_string(owner)
         for kind, api_version in POOL_KINDS.items():
-            for obj in await self.kube.list_objects(api_version, kind, owner.namespace, selector):
+            try:
+                found = await self.kube.list_objects(api_version, kind, owner.namespace, selector)
+            except ApiError as e:
+                if e.status == 404 and kind in _OPTIONAL_KINDS:
+                    continue  # the kind is not served here: there is none of it to prune
+                raise
+            for obj in found:
                 meta = obj.get("metadata") or {}
                 owned = any(o.get("uid") == owner.uid for o in meta.get("ownerReferences") or ())
                 if owned and (kind, meta.get("name")) not in keep:

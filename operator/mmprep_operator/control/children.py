@@ -27,17 +27,20 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+from mmprep_operator.logic import autoscaling
 from mmprep_operator.logic.status import DeploymentState
 
 ChildKey = tuple[str, str, str]  # (kind, namespace, name)
+#: Children whose status the resource's status repeats (an autoscaler's replicas and reason).
+_AUTOSCALER_KINDS: Final = (autoscaling.HPA_KIND, autoscaling.KEDA_KIND)
 
 
 def marker_of(kind: str, body: Mapping[str, Any]) -> str:
     meta = body.get("metadata") or {}
     # A PodDisruptionBudget's status moves with every pod; its generation only with its spec.
-    if kind in ("Deployment", "PodDisruptionBudget"):
+    if kind in ("Deployment", "PodDisruptionBudget", *_AUTOSCALER_KINDS):
         return f"generation={meta.get('generation')}"
     return f"resourceVersion={meta.get('resourceVersion')}"
 
@@ -49,7 +52,9 @@ def digest_of(obj: Mapping[str, Any]) -> str:
 def deployment_state(body: Mapping[str, Any]) -> DeploymentState:
     st = body.get("status") or {}
     generation = int((body.get("metadata") or {}).get("generation") or 0)
+    spec_replicas = (body.get("spec") or {}).get("replicas")
     return DeploymentState(
+        desired=int(spec_replicas) if spec_replicas is not None else None,
         replicas=int(st.get("replicas") or 0),
         ready_replicas=int(st.get("readyReplicas") or 0),
         updated_replicas=int(st.get("updatedReplicas") or 0),
@@ -62,7 +67,11 @@ def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
     st = body.get("status") or {}
     return (
         # A Job's resourceVersion moves with every status write; its state fields say enough.
-        marker_of(kind, body) if kind in ("Deployment", "Service", "PodDisruptionBudget") else None,
+        marker_of(kind, body) if kind in ("Deployment", "Service", "PodDisruptionBudget", *_AUTOSCALER_KINDS) else None,
+        # An autoscaler's decision (an HPA's; a ScaledObject's conditions below).
+        st.get("currentReplicas"),
+        st.get("desiredReplicas"),
+        st.get("lastScaleTime"),
         st.get("replicas"),
         st.get("readyReplicas"),
         st.get("updatedReplicas"),
@@ -71,6 +80,10 @@ def _wake_fingerprint(kind: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
         st.get("succeeded"),
         st.get("failed"),
         tuple(sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or ())),
+        # An autoscaler's conditions change reason without changing status (ScaleDownStabilized).
+        tuple(sorted((c.get("type"), c.get("reason")) for c in st.get("conditions") or ()))
+        if kind in _AUTOSCALER_KINDS
+        else None,
         # A runtime pod that exits again, or says why: what status reports per pool.
         tuple(
             (c.get("name"), c.get("restartCount"), ((c.get("lastState") or {}).get("terminated") or {}).get("exitCode"))
@@ -97,6 +110,8 @@ class _Seen:
     marker: str
     fingerprint: tuple[Any, ...]
     state: DeploymentState | None
+    #: An autoscaler's status, as the watch last showed it.
+    autoscaler_status: Mapping[str, Any] | None = None
 
 
 class ChildStore:
@@ -123,7 +138,8 @@ class ChildStore:
         fingerprint = _wake_fingerprint(kind, body)
         old = self._seen.get(key)
         state = deployment_state(body) if kind == "Deployment" else None
-        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state)
+        scaler = {"status": dict(body.get("status") or {})} if kind in _AUTOSCALER_KINDS else None
+        self._seen[key] = _Seen(marker_of(kind, body), fingerprint, state, scaler)
         return old is None or old.fingerprint != fingerprint
 
     def record_apply(self, obj: Mapping[str, Any], result: Mapping[str, Any]) -> None:
@@ -141,6 +157,11 @@ class ChildStore:
     def deployment_state(self, namespace: str, name: str) -> DeploymentState | None:
         seen = self._seen.get(("Deployment", namespace, name))
         return seen.state if seen is not None else None
+
+    def autoscaler(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """An HPA or ScaledObject as the watch last showed it (its status only)."""
+        seen = self._seen.get((kind, namespace, name))
+        return seen.autoscaler_status if seen is not None else None
 
     def pods(self, namespace: str, labels: Mapping[str, str]) -> list[Mapping[str, Any]]:
         """The watched pods of ``namespace`` that carry all of ``labels``."""

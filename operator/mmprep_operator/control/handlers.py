@@ -62,6 +62,10 @@ _CHILD_WATCHES: Final = (
     _ChildWatch("apps", "v1", "deployments", "Deployment", _CHILD_LABELS, _CHILD_SELECTOR),
     _ChildWatch("", "v1", "services", "Service", _CHILD_LABELS, _CHILD_SELECTOR),
     _ChildWatch("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", _CHILD_LABELS, _CHILD_SELECTOR),
+    # Autoscaled pools: their status (current/desired replicas, the last reason) goes into ours.
+    # kopf serves the ScaledObject watch only where KEDA's CRD is installed, and starts it when it is.
+    _ChildWatch("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", _CHILD_LABELS, _CHILD_SELECTOR),
+    _ChildWatch("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject", _CHILD_LABELS, _CHILD_SELECTOR),
     # Runtime pods only (their scheduling and exits go into status), never the probe's.
     _ChildWatch("", "v1", "pods", "Pod", _RUNTIME_POD_LABELS, identity.label_selector(_RUNTIME_POD_LABELS)),
     _ChildWatch("batch", "v1", "jobs", "Job", _JOB_LABELS, _JOB_SELECTOR),

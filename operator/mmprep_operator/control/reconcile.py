@@ -11,6 +11,7 @@ policy, and is composed here:
 - ``probe_jobs``: the probe's answer (status, cache, or its Job);
 - ``calibration_jobs``: each pool's measured worker count (status, cache, or its Job);
 - ``applier``: server-side apply with its conflict policy, and prune of vanished pools;
+- ``autoscalers``: whether the cluster has metrics-server and KEDA (cached), for spec.autoscaling;
 - ``status_writer``: the status write (maybe conditional), which hands Events to ``event_poster``.
 
 The state kept between calls is optimisation only: the collaborators' caches, the pool grouping
@@ -45,6 +46,7 @@ from pydantic import ValidationError
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.applier import ChildApplier
+from mmprep_operator.control.autoscalers import AutoscalerDetector
 from mmprep_operator.control.calibration_jobs import CalibrationJobs
 from mmprep_operator.control.children import ChildStore
 from mmprep_operator.control.event_poster import DRAIN_SECONDS, EventPoster, utcnow
@@ -52,7 +54,7 @@ from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.probe_jobs import ProbeJobs
 from mmprep_operator.control.status_writer import StatusWriter
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import calibration, identity, naming, pod_parts, podstates, pools, probe, status
+from mmprep_operator.logic import autoscaling, calibration, identity, naming, pod_parts, podstates, pools, probe, status
 from mmprep_operator.logic.nodes import NodeFacts
 from mmprep_operator.logic.plan import Plan, make_plan
 
@@ -124,6 +126,7 @@ class Reconciler:
     probes: ProbeJobs = dataclasses.field(init=False)
     calibrations: CalibrationJobs = dataclasses.field(init=False)
     applier: ChildApplier = dataclasses.field(init=False)
+    autoscalers: AutoscalerDetector = dataclasses.field(init=False)
     events: EventPoster = dataclasses.field(init=False)
     writer: StatusWriter = dataclasses.field(init=False)
     #: The pool grouping of the current nodes per placement, shared by resources that share one.
@@ -135,6 +138,7 @@ class Reconciler:
         self.probes = ProbeJobs(self.kube, self.policy, self.metrics)
         self.calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
         self.applier = ChildApplier(self.kube, self.children)
+        self.autoscalers = AutoscalerDetector(self.kube)
         self.events = EventPoster(self.kube, self.clock, background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
 
@@ -221,7 +225,8 @@ class Reconciler:
 
         pooling = self._poolings.pooling_for(list(self.nodes()), spec)
         nodes = self._poolings.nodes
-        plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling)
+        have = await self.autoscalers.current() if spec.autoscaling is not None else autoscaling.ASSUMED
+        plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, autoscalers=have)
         calibrations: dict[str, api.PoolCalibration] = {}
         calibrating = False
         if calibration.wanted(spec, self.policy):
@@ -233,7 +238,9 @@ class Reconciler:
             measured = {pool: c.chosen_workers for pool, c in calibrations.items() if c.state == "Succeeded" and c.chosen_workers}
             calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
             if measured:
-                plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured)
+                plan = make_plan(
+                    owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured, autoscalers=have
+                )
 
         def observed(
             deployments: dict[str, status.DeploymentState],
@@ -252,6 +259,11 @@ class Reconciler:
                 calibrations=calibrations,
                 # The plan's (an image that cannot run there) wins over what the pods say.
                 pool_problems={**(pod_problems or {}), **plan.pool_problems},
+                scaling=plan.scaling,
+                autoscalers={
+                    pool: self.children.autoscaler(s.kind, namespace, s.deployment) if s.kind is not None else None
+                    for pool, s in plan.scaling.items()
+                },
             )
 
         previous = read.previous
@@ -288,6 +300,10 @@ class Reconciler:
             # The Job's own events bring the result; this is the net under a lost watch event.
             done = Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
             return await self._finish(read, obs, done)
+        if any(s.engine == "None" for s in plan.scaling.values()):
+            # Held pools: no event says that metrics-server or KEDA arrived; look again once
+            # the detection's answer may have changed.
+            return await self._finish(read, obs, Outcome("done", requeue_after=self.autoscalers.ttl_seconds))
         return await self._finish(read, obs, Outcome("done"))
 
     async def _finish(self, read: _Read, obs: status.Observation, outcome: Outcome) -> Outcome | ReadAgain:
@@ -298,10 +314,15 @@ class Reconciler:
         self, owner: identity.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
     ) -> dict[str, api.PoolProblem]:
         """Why pods are missing, per pool, read from the pods as the watch last showed them."""
+
+        def wanted(name: str, state: status.DeploymentState) -> int:
+            # An autoscaled pool wants what its autoscaler last set.
+            return state.desired if name in plan.scaling and state.desired is not None else plan.replicas.get(name, 0)
+
         short = [
             name
             for name, deployment in plan.deployment_names.items()
-            if deployments.get(deployment, status.DeploymentState()).ready_replicas < plan.replicas.get(name, 0)
+            if (state := deployments.get(deployment, status.DeploymentState())).ready_replicas < wanted(name, state)
         ]
         if not short:
             return {}
@@ -327,7 +348,8 @@ class Reconciler:
 
 def _decided(pools: Iterable[api.PoolStatus]) -> list[dict[str, Any]]:
     """The pools as decided: everything in their status but what is observed of their pods."""
-    return [p.model_dump(exclude={"ready_replicas", "problem"}) for p in pools]
+    # An autoscaler's word changes with the load, not with a decision.
+    return [p.model_dump(exclude={"ready_replicas", "problem", "autoscaling"}) for p in pools]
 
 
 def _parse_status(raw: Any) -> api.MultimodalPreprocessorStatus | None:

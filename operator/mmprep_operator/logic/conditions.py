@@ -23,9 +23,17 @@ class ConditionType:
     PROBED: Final = "Probed"
     CLONEABLE: Final = "Cloneable"
     DEGRADED: Final = "Degraded"
+    #: Only while spec.autoscaling is set: whether every pool has an autoscaler, and which.
+    AUTOSCALING: Final = "Autoscaling"
 
 
-CONDITION_TYPES: Final = (ConditionType.READY, ConditionType.PROBED, ConditionType.CLONEABLE, ConditionType.DEGRADED)
+CONDITION_TYPES: Final = (
+    ConditionType.READY,
+    ConditionType.PROBED,
+    ConditionType.CLONEABLE,
+    ConditionType.DEGRADED,
+    ConditionType.AUTOSCALING,
+)
 
 
 class Reason:
@@ -75,7 +83,14 @@ class Reason:
     CALIBRATION_UNAVAILABLE: Final = "CalibrationUnavailable"
     CALIBRATION_NOT_NEEDED: Final = "CalibrationNotNeeded"
 
+    # Autoscaling (and a held pool's Degraded): who scales the pools, or why nobody can.
+    AUTOSCALED_BY_HPA: Final = "AutoscaledByHPA"
+    AUTOSCALED_BY_KEDA: Final = "AutoscaledByKEDA"
+    NO_METRICS_SERVER: Final = "NoMetricsServer"
+    NO_KEDA: Final = "NoKEDA"
+
     # Events only: what changed between two statuses.
     DECIDED: Final = "Decided"
     CALIBRATED: Final = "Calibrated"
     POOL_REMOVED: Final = "PoolRemoved"
+    POOL_AT_MAX_REPLICAS: Final = "PoolAtMaxReplicas"

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from mmprep_operator import api
-from mmprep_operator.logic import identity
+from mmprep_operator.logic import autoscaling, identity
 from mmprep_operator.logic.conditions import ConditionType, Reason
 from mmprep_operator.logic.naming import short_hash
 from mmprep_operator.logic.status import timestamp
@@ -44,6 +44,19 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
             out.append(EventSpec("Normal", Reason.CALIBRATED, f"pool {pool.name}: {cal.message} ({curve})"))
         elif cal.state in ("Failed", "Unavailable"):
             out.append(EventSpec("Warning", cal.reason, f"pool {pool.name}: {cal.message}; the rule's count stays"))
+    for pool in new.pools:
+        # Once per reaching: the pass that first sees the autoscaler ask for its max.
+        old = old_pools.get(pool.name)
+        if autoscaling.at_max(pool.autoscaling) and not (old is not None and autoscaling.at_max(old.autoscaling)):
+            assert pool.autoscaling is not None
+            out.append(
+                EventSpec(
+                    "Warning",
+                    Reason.POOL_AT_MAX_REPLICAS,
+                    f"pool {pool.name}: the autoscaler asks for {pool.autoscaling.desired_replicas} pods, its maxReplicas "
+                    f"({pool.autoscaling.max_replicas}); raise it if the signal stays above target",
+                )
+            )
     for name in sorted(set(old_pools) - {p.name for p in new.pools}):
         out.append(
             EventSpec("Normal", Reason.POOL_REMOVED, f"pool {name} has no eligible nodes any more; its Deployment is deleted")

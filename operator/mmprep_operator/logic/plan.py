@@ -12,7 +12,7 @@ from typing import Any
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import identity, pools, render, replicas
+from mmprep_operator.logic import autoscaling, identity, pools, render, replicas
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.decide import PoolDecision, decide_pool
 from mmprep_operator.logic.nodes import NodeFacts
@@ -29,6 +29,13 @@ class Plan:
     objects: tuple[dict[str, Any], ...]
     #: Pools that get no pods whatever the replicas, and why (an image not built for their arch).
     pool_problems: dict[str, api.PoolProblem] = dataclasses.field(default_factory=dict)
+    #: Autoscaled (or held) pools: their Deployments are rendered without replicas, and
+    #: ``replicas`` holds the count each starts at (``autoscaling.seed``).
+    scaling: dict[str, autoscaling.PoolScaling] = dataclasses.field(default_factory=dict)
+
+    def seed_of(self, deployment: str) -> int | None:
+        """The starting count of an autoscaled pool's Deployment; None when its replicas are fixed."""
+        return next((self.replicas[p] for p, s in self.scaling.items() if s.deployment == deployment), None)
 
 
 def image_platforms(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str] | None:
@@ -96,9 +103,11 @@ def make_plan(
     policy: OperatorPolicy,
     pooling: pools.Pooling | None = None,
     measured: Mapping[str, int] | None = None,
+    autoscalers: autoscaling.Autoscalers = autoscaling.ASSUMED,
 ) -> Plan:
     """``pooling``: ``pools.group(nodes, spec)`` when the caller already has it (memoized).
-    ``measured``: pool name -> the worker count its calibration chose (see ``calibration``)."""
+    ``measured``: pool name -> the worker count its calibration chose (see ``calibration``).
+    ``autoscalers``: what the cluster has to autoscale with (only read with spec.autoscaling)."""
     if pooling is None:
         pooling = pools.group(nodes, spec)
     measured = measured or {}
@@ -107,7 +116,12 @@ def make_plan(
     # Blocked pools keep their Deployment at 0 replicas (status still shows them); the others share the total.
     weights = {name: w for name, w in pools.pool_weights(pooling.pools).items() if name not in blocked}
     counts = {p.name: 0 for p in pooling.pools} | replicas.distribute(spec.replicas, weights)
-    objects = tuple(render.render_children(owner, spec, decisions, counts, policy))
+    scaling: dict[str, autoscaling.PoolScaling] = {}
+    if spec.autoscaling is not None:
+        # A blocked pool stays fixed at 0: no autoscaler could give it a pod that starts.
+        scaling = autoscaling.pool_scaling(owner, spec.autoscaling, sorted(weights), autoscalers)
+        counts |= {name: autoscaling.seed(counts[name], s) for name, s in scaling.items()}
+    objects = tuple(render.render_children(owner, spec, decisions, counts, policy, scaling))
     names = {d.pool.name: identity.deployment_name(owner, d.pool.name) for d in decisions}
     problem = placement_problem(spec, pooling) or _platform_problem(blocked, len(pooling.pools))
-    return Plan(pooling, problem, decisions, counts, names, objects, blocked)
+    return Plan(pooling, problem, decisions, counts, names, objects, blocked, scaling)

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import autoscaling
 from mmprep_operator.logic.decide import PoolDecision
 from mmprep_operator.logic.identity import (
     ANNOTATION_DECISION,
@@ -98,8 +99,9 @@ def serving_of(spec: api.MultimodalPreprocessorSpec | None) -> Serving:
 
 
 def render_deployment(
-    owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision, replicas: int, policy: OperatorPolicy
+    owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision, replicas: int | None, policy: OperatorPolicy
 ) -> dict[str, Any]:
+    """The pool's Deployment; ``replicas`` None leaves them out: an autoscaler owns them."""
     labels = pool_labels(owner, d.pool.name)
     volumes, mounts = model_volumes(spec)
     serving = serving_of(spec)
@@ -163,7 +165,9 @@ def render_deployment(
         "kind": "Deployment",
         "metadata": owner.metadata(deployment_name(owner, d.pool.name), labels, {ANNOTATION_DECISION: d.decision.reason.value}),
         "spec": {
-            "replicas": replicas,
+            # Absent for an autoscaled pool: a field in an apply is a field owned, and the
+            # operator must never own what the autoscaler writes (see control.applier).
+            **({"replicas": replicas} if replicas is not None else {}),
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
@@ -206,13 +210,21 @@ def render_children(
     decisions: Sequence[PoolDecision],
     replicas: Mapping[str, int],
     policy: OperatorPolicy,
+    scaling: Mapping[str, autoscaling.PoolScaling] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the resource needs, in apply order: the Service first (a name taken by someone
     else's Service stops the apply before anything is created), then per pool (by name) its
-    PodDisruptionBudget and its Deployment (the budget covers the pods from their start)."""
+    PodDisruptionBudget, its Deployment (the budget covers the pods from their start) and, for an
+    autoscaled pool, its HPA or ScaledObject (after the Deployment it targets)."""
+    scaling = scaling or {}
     out = [render_service(owner, spec)]
     for d in decisions:
         if spec.disruption.enabled:
             out.append(render_disruption_budget(owner, spec, d))
-        out.append(render_deployment(owner, spec, d, replicas.get(d.pool.name, 0), policy))
+        pool_scaling = scaling.get(d.pool.name)
+        fixed = replicas.get(d.pool.name, 0) if pool_scaling is None else None
+        out.append(render_deployment(owner, spec, d, fixed, policy))
+        scaler = autoscaling.render(owner, spec.autoscaling, pool_scaling) if pool_scaling and spec.autoscaling else None
+        if scaler is not None:
+            out.append(scaler)
     return out

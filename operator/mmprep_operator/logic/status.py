@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Literal
 
 from mmprep_operator import api
+from mmprep_operator.logic import autoscaling
 from mmprep_operator.logic.conditions import CONDITION_TYPES, ConditionType, Reason
 from mmprep_operator.logic.decide import PoolDecision, sentence
 from mmprep_operator.logic.pools import pool_arch
@@ -40,6 +41,8 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True)
 class DeploymentState:
+    #: Its spec.replicas: what an autoscaler last set, for an autoscaled pool (None: not known).
+    desired: int | None = None
     replicas: int = 0
     ready_replicas: int = 0
     updated_replicas: int = 0
@@ -68,6 +71,9 @@ class Observation:
     calibrations: Mapping[str, api.PoolCalibration] = dataclasses.field(default_factory=dict)  # pool -> calibration
     #: pool -> why its pods do not run (an image not built for its arch, the scheduler, a container).
     pool_problems: Mapping[str, api.PoolProblem] = dataclasses.field(default_factory=dict)
+    #: pool -> who autoscales it (only with spec.autoscaling), and its HPA or ScaledObject as watched.
+    scaling: Mapping[str, autoscaling.PoolScaling] = dataclasses.field(default_factory=dict)
+    autoscalers: Mapping[str, Mapping[str, object] | None] = dataclasses.field(default_factory=dict)
 
 
 def timestamp(now: datetime) -> str:
@@ -126,6 +132,12 @@ def _probe_conditions(probe: api.ProbeStatus | None) -> tuple[tuple[Status, str,
 def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
     deployment = obs.deployment_names[d.pool.name]
     state = obs.deployments.get(deployment, DeploymentState())
+    replicas = obs.replicas.get(d.pool.name, 0)
+    scaled: api.PoolAutoscalingStatus | None = None
+    if (scaling := obs.scaling.get(d.pool.name)) is not None:
+        # The autoscaler sizes the pool: its Deployment's count is the desired one.
+        replicas = state.desired if state.desired is not None else replicas
+        scaled = autoscaling.observed(scaling, obs.autoscalers.get(d.pool.name), state.desired)
     w = d.decision
     gpu = d.pool.gpu
     return api.PoolStatus(
@@ -142,12 +154,23 @@ def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
         override_source=d.override_source,
         explicit_not_honoured=w.explicit_not_honoured,
         deployment=deployment,
-        replicas=obs.replicas.get(d.pool.name, 0),
+        replicas=replicas,
         ready_replicas=state.ready_replicas,
         calibration=obs.calibrations.get(d.pool.name),
         arch=pool_arch(d.pool),
         problem=obs.pool_problems.get(d.pool.name),
+        autoscaling=scaled,
     )
+
+
+def _autoscaling_condition(scaling: Mapping[str, autoscaling.PoolScaling]) -> tuple[Status, str, str]:
+    held = sorted(name for name, s in scaling.items() if s.engine == "None")
+    if held:
+        first = scaling[held[0]]
+        return "False", first.reason, f"pool(s) {', '.join(held)}: {first.message}"
+    engines = sorted({s.engine for s in scaling.values()})
+    first = next(iter(scaling.values()))
+    return "True", first.reason, f"{len(scaling)} pool(s) scaled by {', '.join(engines)} ({first.message})"
 
 
 def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, now: datetime) -> api.MultimodalPreprocessorStatus:
@@ -166,6 +189,7 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     probed, cloneable = _probe_conditions(obs.probe)
     probe_failed = obs.probe is not None and obs.probe.state == "Failed"
     not_honoured = [p for p in pools if p.explicit_not_honoured is not None]
+    autoscaling_cond = _autoscaling_condition(obs.scaling) if obs.scaling else None
 
     degraded: tuple[Status, str, str]
     blocking = True  # whether a Degraded=True also makes Ready False
@@ -189,6 +213,10 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
             )
             + ", so every pod runs 1 worker",
         )
+        blocking = False
+    elif autoscaling_cond is not None and autoscaling_cond[0] == "False":
+        # Asked for and impossible here: the pools serve on at their last count.
+        degraded = ("True", autoscaling_cond[1], autoscaling_cond[2])
         blocking = False
     else:
         degraded = ("False", Reason.AS_EXPECTED, "nothing degrades this resource")
@@ -220,6 +248,11 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         (ConditionType.DEGRADED, degraded),
     ):
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
+    if autoscaling_cond is not None:
+        conditions = set_condition(conditions, ConditionType.AUTOSCALING, *autoscaling_cond, generation, now)
+    elif planned:
+        # Fixed replicas (again): the condition is only there while autoscaling is asked for.
+        conditions = [c for c in conditions if c.type != ConditionType.AUTOSCALING]
     conditions.sort(key=lambda c: CONDITION_TYPES.index(c.type) if c.type in CONDITION_TYPES else len(CONDITION_TYPES))
 
     return api.MultimodalPreprocessorStatus(
@@ -234,6 +267,7 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         worker_summary=",".join(f"{p.gpu_model or p.name}={p.processor_workers}" for p in pools) or None,
         ready_summary=f"{ready}/{desired}" if pools else None,
         calibration_summary=_calibration_summary(pools),
+        autoscaling_summary=autoscaling.summary(pools),
     )
 
 

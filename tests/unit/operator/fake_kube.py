@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from mmprep_operator.kube import ApiError, Conflict
+from mmprep_operator.kube import FIELD_MANAGER, ApiError, Conflict
 
 
 def _matches(labels: Mapping[str, str], selector: str) -> bool:
@@ -38,6 +38,8 @@ class FakeKubeApi:
         self.reject: dict[str, ApiError] = {}  # object name -> error on apply
         self.foreign_fields: set[tuple[str, str, str]] = set()  # objects with fields another manager owns
         self.stamp_markers = False  # give applied objects generation/resourceVersion like the server
+        self.cluster_objects: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name): APIServices, CRDs
+        self.handovers: list[tuple[str, int]] = []  # (Deployment, replicas) applied by another field manager
         self._version = 0
 
     def _rv(self) -> str:
@@ -86,8 +88,12 @@ class FakeKubeApi:
         return str(body["metadata"]["resourceVersion"])
 
     # children
-    async def apply(self, obj: Mapping[str, Any], *, force: bool) -> dict[str, Any]:
+    async def apply(self, obj: Mapping[str, Any], *, force: bool, field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         meta = obj["metadata"]
+        if field_manager != FIELD_MANAGER:
+            # Only the replicas handover applies under another manager: it keeps the count.
+            self.handovers.append((meta["name"], obj["spec"]["replicas"]))
+            return copy.deepcopy(self.objects[(obj["kind"], meta["namespace"], meta["name"])])
         if meta["name"] in self.reject:
             raise self.reject[meta["name"]]
         key = (obj["kind"], meta["namespace"], meta["name"])
@@ -97,6 +103,9 @@ class FakeKubeApi:
         self.applies.append((obj["kind"], meta["name"]))
         existing = self.objects.get(key, {})
         merged = {**copy.deepcopy(dict(obj)), "status": existing.get("status", {})}
+        if obj["kind"] == "Deployment" and "replicas" not in obj["spec"]:
+            # Like server-side apply once the replicas are handed over: another owner keeps them.
+            merged["spec"]["replicas"] = (existing.get("spec") or {}).get("replicas", 1)
         if self.stamp_markers:
             # Like the API server: generation moves when the spec changes, resourceVersion always.
             old_meta = existing.get("metadata", {})
@@ -108,6 +117,10 @@ class FakeKubeApi:
 
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def get_cluster_object(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        obj = self.cluster_objects.get((kind, name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def add_foreign(self, kind: str, name: str, body: dict[str, Any], namespace: str = "ns") -> None:

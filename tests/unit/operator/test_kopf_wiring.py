@@ -30,6 +30,8 @@ def test_registry_uses_no_handler_kind_that_needs_finalizers_or_annotations() ->
         ("", "services"),
         ("batch", "jobs"),
         ("policy", "poddisruptionbudgets"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("keda.sh", "scaledobjects"),
         ("", "pods"),
     }
     assert [h.id for h in registry._indexing.get_all_handlers()] == ["mmprep_nodes"]
@@ -47,6 +49,8 @@ def test_each_child_event_reaches_the_controller_as_its_own_kind() -> None:
         "deployments": "Deployment",
         "services": "Service",
         "poddisruptionbudgets": "PodDisruptionBudget",
+        "horizontalpodautoscalers": "HorizontalPodAutoscaler",
+        "scaledobjects": "ScaledObject",
         "pods": "Pod",
         "jobs": "Job",
     }
@@ -60,7 +64,7 @@ def test_each_child_event_reaches_the_controller_as_its_own_kind() -> None:
 def test_two_registries_do_not_share_handlers() -> None:
     a, b = build_registry(), build_registry()
     assert a is not b
-    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 7
+    assert len(a._watching.get_all_handlers()) == len(b._watching.get_all_handlers()) == 9
 
 
 def test_login_uses_the_kubeconfig_given_on_the_command_line(tmp_path: pathlib.Path) -> None:
@@ -105,6 +109,8 @@ async def test_startup_filters_children_on_the_server_and_starts_the_workers() -
         ("", "services"): "app.kubernetes.io/managed-by=mmprep-operator",
         ("batch", "jobs"): "app.kubernetes.io/managed-by=mmprep-operator,app.kubernetes.io/component in (calibration,probe)",
         ("policy", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=mmprep-operator",
+        ("autoscaling", "horizontalpodautoscalers"): "app.kubernetes.io/managed-by=mmprep-operator",
+        ("keda.sh", "scaledobjects"): "app.kubernetes.io/managed-by=mmprep-operator",
         # Runtime pods only (their scheduling and exits go into status), never the probe's.
         ("", "pods"): "app.kubernetes.io/component=preprocessor,app.kubernetes.io/managed-by=mmprep-operator",
     }

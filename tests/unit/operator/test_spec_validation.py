@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from mmprep_operator import api
 from mmprep_operator.api import crd
 
+CPU = {"requests": {"cpu": "1"}}
+
 
 def cel_messages() -> set[str]:
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -53,6 +55,47 @@ VIOLATIONS = [
         {"model": {"path": "/m"}, "disruption": {"maxUnavailable": 1, "minAvailable": "50%"}},
         "set at most one of disruption.maxUnavailable and disruption.minAvailable",
     ),
+    # Autoscaling: bounds, targets per signal, what a signal needs.
+    (
+        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        "autoscaling.minReplicas must not exceed maxReplicas",
+    ),
+    (
+        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"maxReplicas": 4, "target": 150}},
+        "autoscaling target out of range for its signal",
+    ),
+    (
+        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"maxReplicas": 4, "pools": [{"pool": "h200", "target": 0}]}},
+        "autoscaling.pools: autoscaling target out of range for its signal",
+    ),
+    (
+        {
+            "model": {"path": "/m"},
+            "resources": CPU,
+            "autoscaling": {"maxReplicas": 4, "pools": [{"pool": "h200", "minReplicas": 6}]},
+        },
+        "autoscaling.pools: a pool's minReplicas must not exceed its maxReplicas",
+    ),
+    (
+        {"model": {"path": "/m"}, "resources": CPU, "autoscaling": {"maxReplicas": 4, "pools": [{"pool": "a"}, {"pool": "a"}]}},
+        "autoscaling.pools: each pool is named at most once",
+    ),
+    (
+        {"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 4, "signal": "workerBusy"}},
+        "autoscaling.prometheus.serverAddress is needed",
+    ),
+    (
+        {"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 4}},
+        "autoscaling on signal cpu needs a CPU request",
+    ),
+    (
+        {
+            "model": {"path": "/m"},
+            "resources": CPU,
+            "autoscaling": {"maxReplicas": 4, "scaleUp": {"rate": {"periodSeconds": 30}}},
+        },
+        "a scaling rate sets exactly one of pods and percent",
+    ),
 ]
 
 
@@ -81,6 +124,28 @@ def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, messa
         {
             "model": {"path": "/m"},
             "workers": {"processor": 64, "io": 1, "overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]},
+        },
+        {"model": {"path": "/m"}, "resources": {"limits": {"cpu": "2"}}, "autoscaling": {"maxReplicas": 1}},
+        {
+            "model": {"path": "/m"},
+            "resources": CPU,
+            "autoscaling": {
+                "minReplicas": 2,
+                "maxReplicas": 8,
+                "target": 100,
+                "scaleUp": {"stabilizationWindowSeconds": 0, "rate": {"pods": 4, "periodSeconds": 15}},
+                "scaleDown": {"stabilizationWindowSeconds": 600, "rate": {"percent": 10}},
+                "pools": [{"pool": "h200", "maxReplicas": 2}, {"pool": "cpu", "minReplicas": 8, "target": 1}],
+            },
+        },
+        {
+            "model": {"path": "/m"},
+            "autoscaling": {
+                "maxReplicas": 4,
+                "signal": "queueWait",
+                "target": 600000,
+                "prometheus": {"serverAddress": "http://p:9090"},
+            },
         },
     ],
 )
