@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--queue-size", type=int, default=None, help="requests waiting beyond the workers before 429")
     serve.add_argument("--deadline", type=float, default=None, help="per-request deadline in seconds (504 after)")
+    serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=None,
+        help="on SIGTERM, seconds to keep serving while not ready before the listener closes "
+        "(default: env MMPREP_DRAIN_SECONDS, else 0)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="then, seconds in-flight requests may take to finish (default: env MMPREP_SHUTDOWN_TIMEOUT_SECONDS, else 25)",
+    )
     serve.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413 above)")
     serve.add_argument("--max-image-pixels", type=int, default=None, help="largest decoded image, in pixels")
     serve.add_argument("--max-images", type=int, default=None, help="most images in one request")

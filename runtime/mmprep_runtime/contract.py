@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Final, Self
 
@@ -37,6 +38,14 @@ ENV_DECISION_REASON: Final = "MMPREP_DECISION_REASON"
 ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
 ENV_NORMALIZED_PIXELS: Final = "MMPREP_NORMALIZED_PIXELS"
 ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
+#: The drain on SIGTERM (``DrainEnv``): seconds of serving while not ready, then the most seconds
+#: in-flight requests may take.
+ENV_DRAIN_SECONDS: Final = "MMPREP_DRAIN_SECONDS"
+ENV_SHUTDOWN_TIMEOUT_SECONDS: Final = "MMPREP_SHUTDOWN_TIMEOUT_SECONDS"
+#: Seconds the runtime may take to exit once its in-flight requests are done or timed out (its
+#: server's and pools' own stop is bounded well below this). The operator keeps them out of the
+#: drain budget: drain + shutdown timeout + this fits in the pod's terminationGracePeriodSeconds.
+SHUTDOWN_STOP_SECONDS: Final = 5
 
 
 class ContractError(ValueError):
@@ -94,6 +103,37 @@ class PoolDecisionEnv:
             raise ContractError(str(exc)) from None
         path = Path.GPU if device == "cuda" else Path.CPU
         return cls(pool=pool, path=path, processor_workers=processor_workers, io_workers=io_workers, reason=reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainEnv:
+    """How a runtime pod drains on SIGTERM, as it travels in the pod's environment.
+
+    ``drain_seconds``: the window in which the pod is not ready but still accepts and serves (the
+    time the endpoint's removal takes to reach every proxy); ``shutdown_timeout_seconds``: then the
+    most the requests still in flight may take before the process exits anyway.
+    """
+
+    drain_seconds: int
+    shutdown_timeout_seconds: int
+
+    def to_env(self) -> list[dict[str, str]]:
+        return [
+            {"name": ENV_DRAIN_SECONDS, "value": str(self.drain_seconds)},
+            {"name": ENV_SHUTDOWN_TIMEOUT_SECONDS, "value": str(self.shutdown_timeout_seconds)},
+        ]
+
+
+def parse_seconds(name: str, text: str, *, allow_zero: bool) -> float:
+    """A duration in seconds from env or a flag; raises ContractError naming ``name``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ContractError(f"{name} must be a number of seconds; got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ContractError(f"{name} must be {bound} seconds; got {text!r}")
+    return value
 
 
 # ---------------------------------------------------------------------------------- probe answer

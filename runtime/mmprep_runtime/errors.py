@@ -84,6 +84,12 @@ class NotReady(RequestError):
     code = "not_ready"
 
 
+class ShuttingDown(NotReady):
+    """The drain's window is over: retry on another pod (``server.drain`` says why not serve it)."""
+
+    code = "shutting_down"
+
+
 class DeadlineExceeded(RequestError):
     status = 504
     code = "deadline_exceeded"

@@ -17,13 +17,16 @@ from collections.abc import Mapping
 from mmprep_runtime import sizing
 from mmprep_runtime.contract import (
     ENV_DEVICE,
+    ENV_DRAIN_SECONDS,
     ENV_FAST_PATHS,
     ENV_FETCH_ALLOWED_NETWORKS,
     ENV_IO_WORKERS,
     ENV_NORMALIZED_PIXELS,
     ENV_PROCESSOR_WORKERS,
+    ENV_SHUTDOWN_TIMEOUT_SECONDS,
     ContractError,
     PoolDecisionEnv,
+    parse_seconds,
 )
 
 
@@ -77,7 +80,12 @@ class Load:
     deadline_s: float = 30.0
     #: Retry-After on 429, seconds.
     retry_after_s: int = 1
-    #: On SIGTERM, how long in-flight requests may take to finish.
+    #: On SIGTERM, seconds of serving while not ready before the listener closes (``server.drain``).
+    #: 0 by hand: nothing routes to a process run by hand, so there is nothing to wait for; the
+    #: operator sets it (``contract.DrainEnv``) to the time endpoint removal takes to propagate.
+    drain_s: float = 0.0
+    #: Then, how long in-flight requests may take to finish; about the deadline, so a request
+    #: admitted at the end of the window can still be answered.
     shutdown_grace_s: float = 25.0
 
 
@@ -155,6 +163,17 @@ def _env_device(environ: Mapping[str, str]) -> sizing.Device | None:
         raise SettingsError(f"{ENV_DEVICE} must be one of auto, cpu, cuda; got {text!r}") from None
 
 
+def _seconds(flag: float | None, flag_name: str, environ: Mapping[str, str], env_name: str, *, allow_zero: bool) -> float | None:
+    """A duration: the flag, else the env, else None (the default); ContractError -> SettingsError."""
+    try:
+        if flag is not None:
+            return parse_seconds(flag_name, str(flag), allow_zero=allow_zero)
+        text = environ.get(env_name, "").strip()
+        return parse_seconds(env_name, text, allow_zero=allow_zero) if text else None
+    except ContractError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def _env_switch(environ: Mapping[str, str], name: str) -> bool | None:
     text = environ.get(name, "").strip().lower()
     if not text:
@@ -195,10 +214,16 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         raise SettingsError(f"--queue-size must be >= 0, got {args.queue_size}")
     if args.deadline is not None and args.deadline <= 0:
         raise SettingsError(f"--deadline must be positive, got {args.deadline}")
+    drain = _seconds(getattr(args, "drain_seconds", None), "--drain-seconds", environ, ENV_DRAIN_SECONDS, allow_zero=True)
+    shutdown = _seconds(
+        getattr(args, "shutdown_timeout", None), "--shutdown-timeout", environ, ENV_SHUTDOWN_TIMEOUT_SECONDS, allow_zero=False
+    )
     load = dataclasses.replace(
         load,
         queue_size=args.queue_size if args.queue_size is not None else load.queue_size,
         deadline_s=args.deadline if args.deadline is not None else load.deadline_s,
+        drain_s=drain if drain is not None else load.drain_s,
+        shutdown_grace_s=shutdown if shutdown is not None else load.shutdown_grace_s,
     )
     return ServeSettings(
         model=model_settings_from_args(args, environ),

@@ -1,8 +1,10 @@
 """``mmprep-runtime serve``: run the server until SIGTERM, then shut down gracefully.
 
-On SIGTERM (what Kubernetes sends before killing a pod) or SIGINT: readiness turns 503 and new
-requests are refused, the listening socket closes, in-flight requests finish (up to the grace
-period), the pools stop, and the process exits 0. A processor that fails to load exits 1, and a
+On SIGTERM (what Kubernetes sends before killing a pod) or SIGINT the server drains
+(``server.drain``): readiness turns 503 at once while requests are still served for the drain
+window (``--drain-seconds``), then the listening socket closes, in-flight requests finish (up to
+``--shutdown-timeout``), the pools stop, and the process exits 0. A second signal skips what is
+left of the drain. A processor that fails to load exits 1, and a
 CUDA device that cannot be started or warmed exits 3, with the reason on stderr and, given
 ``--termination-log``, in that file (Kubernetes shows it as the container's termination message,
 and the operator reports it in the resource's status).
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Coroutine, Mapping
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -35,6 +38,11 @@ EXIT_USAGE = exits.EXIT_USAGE
 EXIT_DEVICE_FAILED = exits.EXIT_DEVICE_FAILED
 
 
+#: Seconds aiohttp may take to finish what is left on its connections after the in-flight wait
+#: (the probes' and metrics' answers; handlers cut off at the timeout are cancelled then).
+SERVER_STOP_SECONDS: Final = 1.0
+
+
 async def run_server(
     settings: ServeSettings, stop: asyncio.Event | None = None, termination_log: str | None = None, *, access_log: bool = False
 ) -> int:
@@ -46,7 +54,7 @@ async def run_server(
     runner = web.AppRunner(
         app,
         handle_signals=False,
-        shutdown_timeout=settings.load.shutdown_grace_s,
+        shutdown_timeout=SERVER_STOP_SECONDS,
         access_log=logging.getLogger(server_logs.ACCESS_LOGGER) if access_log else None,
         access_log_class=server_logs.AccessLog,
         handler_cancellation=True,
@@ -57,9 +65,11 @@ async def run_server(
     logger.info("listening on %s:%d", settings.host, settings.port)
 
     stop = stop or asyncio.Event()
+    # A second signal (a person pressing Ctrl-C again) cuts the drain short.
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: hurry.set() if stop.is_set() else stop.set())
 
     failed = asyncio.create_task(state.settled.wait())
     stopping = asyncio.create_task(stop.wait())
@@ -67,26 +77,70 @@ async def run_server(
         await asyncio.wait({failed, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not stop.is_set() and state.startup_error is None:
             await stopping  # ready: serve until told to stop
+        exit_code = 0
+        if state.startup_error is not None:
+            exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
+            exits.write_termination_message(termination_log, str(state.startup_error))
+        await drain(state, site, runner, hurry)
     finally:
         failed.cancel()
         stopping.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-
-    exit_code = 0
-    if state.startup_error is not None:
-        exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
-        exits.write_termination_message(termination_log, str(state.startup_error))
-    logger.info(
-        "shutting down: refusing new requests, finishing %d in flight", state.admission.in_flight if state.admission else 0
-    )
-    state.draining = True
-    await site.stop()
-    if state.admission is not None and not await state.admission.drained(settings.load.shutdown_grace_s):
-        logger.warning("grace period over with %d request(s) still in flight", state.admission.in_flight)
     await runner.cleanup()
-    logger.info("stopped")
+    logger.info(
+        "stopped: %d request(s) served and %d refused (retryable 503) since the drain began",
+        state.drain.served,
+        state.drain.refused,
+    )
     return exit_code
+
+
+async def _until(event: asyncio.Event, timeout: float) -> None:
+    """Wait ``timeout`` seconds, or less when ``event`` is set first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
+async def drain(state: server_state.ServerState, site: web.BaseSite, runner: web.BaseRunner, hurry: asyncio.Event) -> None:
+    """The drain (``server.drain`` has the phases and why): not ready while serving for the window,
+    then the listener and idle connections closed, then the requests in flight finished, at most
+    the shutdown timeout. Each phase is logged; ``hurry`` (a second signal) skips what is left."""
+    load = state.settings.load
+    state.drain.begin()
+    state.metrics.draining.set(1)
+    # A pod that never became ready was in no endpoints: nothing can be on its way to it.
+    window = load.drain_s if state.engine is not None else 0.0
+    logger.info(
+        "draining: not ready, still serving for %g s, %d request(s) in flight",
+        window,
+        state.admission.in_flight if state.admission else 0,
+    )
+    await _until(hurry, window)
+    state.drain.close()
+    await site.stop()
+    if runner.server is not None:
+        # Idle keep-alive connections close now; busy ones after their answer (Connection: close).
+        runner.server.pre_shutdown()
+    in_flight = state.admission.in_flight if state.admission else 0
+    logger.info(
+        "drain window over: listener closed, refusing new requests, finishing %d in flight (at most %g s)",
+        in_flight,
+        load.shutdown_grace_s,
+    )
+    if state.admission is not None and in_flight:
+        finished = asyncio.create_task(state.admission.drained(load.shutdown_grace_s))
+        hurried = asyncio.create_task(hurry.wait())
+        await asyncio.wait({finished, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        hurried.cancel()
+        if not finished.done() or not finished.result():
+            finished.cancel()
+            logger.warning(
+                "shutdown timeout over with %d request(s) still in flight: they are cut off", state.admission.in_flight
+            )
+        else:
+            logger.info("every request in flight finished")
+    state.drain.stop()
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, int]) -> int:

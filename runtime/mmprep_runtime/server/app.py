@@ -17,7 +17,7 @@ import re
 import uuid
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from mmprep_runtime import errors
 from mmprep_runtime.apis import fetching, preprocess, vllm_endpoints
@@ -27,7 +27,7 @@ from mmprep_runtime.server import health
 from mmprep_runtime.server.lifecycle import EngineFactory, start_engine
 from mmprep_runtime.server.metrics import Metrics
 from mmprep_runtime.server.requests import admitted
-from mmprep_runtime.server.state import STATE, ServerState, not_ready_reason
+from mmprep_runtime.server.state import STATE, ServerState, not_serving_reason
 from mmprep_runtime.settings import ServeSettings
 
 
@@ -62,12 +62,16 @@ async def handle_render_completion(request: web.Request) -> web.Response:
 
 async def handle_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    reason = not_ready_reason(state)
+    reason = not_serving_reason(state)
     model = state.render_model
     if reason is not None or model is None:
         return vllm_endpoints.error_response(errors.NotReady(f"not ready: {reason}"))
     return web.json_response(vllm_endpoints.model_list(model, state.started))
 
+
+#: How long the pools may take to stop once the server's requests are done (or cut off); with the
+#: server's own stop it stays within ``contract.SHUTDOWN_STOP_SECONDS``.
+POOL_STOP_SECONDS: Final = 2.0
 
 #: An id a client may give (``X-Request-Id``): echoed only when it is short and plain, so a log
 #: line or a header can never carry what a client smuggled in; otherwise one is made.
@@ -84,11 +88,26 @@ async def request_id(request: web.Request, response: web.StreamResponse) -> None
     response.headers["X-Request-Id"] = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
+async def close_while_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """Once the drain began, every answer closes its connection and says so (``Connection: close``),
+    so a keep-alive client reconnects through the Service to a pod that stays instead of sending
+    its next request down a connection this pod is about to close.
+
+    Set as the answer is prepared (``on_response_prepare``), for every route alike. aiohttp has
+    chosen the connection header by then: the header is set here, and ``force_close`` makes the
+    server close the connection after this answer as the header says.
+    """
+    if request.app[STATE].drain.closes_connections:
+        response.force_close()
+        response.headers[hdrs.CONNECTION] = "close"
+
+
 def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engine_module.start_engine) -> web.Application:
     """The application; nothing is loaded until it starts (the engine loads in the background)."""
     # aiohttp's own body limit backs up ours for bodies without Content-Length (chunked).
     app = web.Application(client_max_size=settings.limits.max_body_bytes)
     app.on_response_prepare.append(request_id)
+    app.on_response_prepare.append(close_while_draining)
     state = ServerState(settings=settings, metrics=Metrics(), fetcher=fetching.Fetcher(settings.render.fetch))
     app[STATE] = state
     app.router.add_post("/v1/preprocess", handle_preprocess)
@@ -108,7 +127,9 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
             # Shutting down mid-load: the load thread cannot be interrupted; let it finish.
             await asyncio.wait({task})
         if state.engine is not None:
-            await asyncio.to_thread(state.engine.close, settings.load.shutdown_grace_s)
+            # In-flight requests were waited for already (``serve``): what is left of the pool's
+            # jobs belongs to requests cut off at the timeout, so the join is short.
+            await asyncio.to_thread(state.engine.close, POOL_STOP_SECONDS)
         await state.fetcher.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -1,7 +1,8 @@
 """What the server says about itself: liveness, readiness, ``/v1/info`` and ``/metrics``.
 
-``/healthz`` is liveness (200 unless the start failed), ``/readyz`` and vLLM's ``/health`` are
-readiness, all from ``state.not_ready_reason`` so they agree with request admission.
+``/healthz`` is liveness (200 unless the start failed, and while draining too: a draining pod
+must not be restarted), ``/readyz`` and vLLM's ``/health`` are readiness, all from
+``state.not_ready_reason`` so they never say ready while requests are refused.
 ``/v1/info`` reports the engine (model, path, workers and why, probe facts) and the server's
 limits.
 """
@@ -51,7 +52,8 @@ async def handle_info(request: web.Request) -> web.Response:
             body["error"] = str(state.startup_error)
         return web.json_response(body, status=503)
     info = state.engine.info()
-    info["ready"] = not state.draining
+    info["ready"] = not_ready_reason(state) is None
+    info["drain"] = state.drain.phase.value
     info["queue_capacity"] = state.admission.capacity if state.admission else None
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s

@@ -88,12 +88,26 @@ class Metrics:
         self.busy_workers = Gauge("mmprep_workers_busy", "Processor workers running a job now", registry=r)
         self.busy_fraction = Gauge("mmprep_workers_busy_fraction", "Busy processor workers / processor workers, now", registry=r)
         self.ready = Gauge("mmprep_ready", "1 once the processor is loaded and the pool warm", registry=r)
+        self.draining = Gauge(
+            "mmprep_draining", "1 from SIGTERM on: not ready, still serving until the listener closes", registry=r
+        )
+        self.drain_answers = Counter(
+            "mmprep_drain_requests",
+            "API requests answered since SIGTERM: served, or refused (503 shutting_down) after the drain window",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("served", "refused"):
+            self.drain_answers.labels(outcome)
         self.info = Info("mmprep_runtime", "Model, path and the worker decision", registry=r)
 
     def answered(self, code: str, seconds: float) -> None:
         """One preprocess request answered: ``code`` is its outcome (``ok`` or the error's code)."""
         self.requests.labels(code).inc()
         self.request_seconds.labels(errors.outcome_class(code)).observe(seconds)
+
+    def answered_while_draining(self, refused: bool) -> None:
+        self.drain_answers.labels("refused" if refused else "served").inc()
 
     # PoolObserver
     def queue_wait(self, seconds: float) -> None:

@@ -17,7 +17,7 @@ from aiohttp import web
 from mmprep_runtime import errors
 from mmprep_runtime.apis.http import Answer
 from mmprep_runtime.engine import core, executor
-from mmprep_runtime.server.state import STATE, ServerState, not_ready_reason
+from mmprep_runtime.server.state import SHUTTING_DOWN, STATE, ServerState, not_serving_reason
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,12 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
     arrived = time.perf_counter()
     outcome = "ok"
     try:
-        engine, admission, reason = state.engine, state.admission, not_ready_reason(state)
+        engine, admission, reason = state.engine, state.admission, not_serving_reason(state)
+        if reason == SHUTTING_DOWN:
+            retry = state.settings.load.retry_after_s
+            raise errors.ShuttingDown(
+                f"this pod is shutting down; retry in {retry} s (another pod answers)", headers={"Retry-After": str(retry)}
+            )
         if reason is not None or engine is None or admission is None:
             raise errors.NotReady(f"not ready: {reason or 'the processor is loading'}")
         if not admission.try_enter():
@@ -67,3 +72,7 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
         return render_error(internal)
     finally:
         state.metrics.answered(outcome, time.perf_counter() - arrived)
+        if not state.drain.ready:
+            refused = outcome == errors.ShuttingDown.code
+            state.drain.answered(refused)
+            state.metrics.answered_while_draining(refused)

@@ -1,8 +1,9 @@
-"""What one running server holds (``ServerState``, kept in the app under ``STATE``) and the one
-answer to "can this pod serve now?" (``not_ready_reason``).
+"""What one running server holds (``ServerState``, kept in the app under ``STATE``), and the two
+answers read from it: "does this pod take requests now?" (``not_serving_reason``, admission) and
+"should traffic be sent here?" (``not_ready_reason``, the probes).
 
 ``lifecycle`` fills it in as the engine starts, ``requests`` admits requests by it, ``health``
-reports it; ``serve`` sets ``draining`` on SIGTERM.
+reports it; ``serve`` moves its ``drain`` on from SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from aiohttp import web
 from mmprep_runtime.apis import fetching, vllm_model
 from mmprep_runtime.engine import core
 from mmprep_runtime.server.admission import Admission
+from mmprep_runtime.server.drain import Drain
 from mmprep_runtime.server.metrics import Metrics
 from mmprep_runtime.settings import ServeSettings
 
@@ -31,7 +33,7 @@ class ServerState:
     render_model: vllm_model.ModelFacts | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
-    draining: bool = False
+    drain: Drain = dataclasses.field(default_factory=Drain)
     #: Set when the engine is ready or failed: `serve` waits on it to report a failed start.
     settled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -40,13 +42,27 @@ class ServerState:
 STATE: Final = web.AppKey("mmprep_state", ServerState)
 
 
-def not_ready_reason(state: ServerState) -> str | None:
-    """Why this pod cannot serve now, or None: the one answer behind ``/readyz``, ``/health`` and
-    request admission, so a probe never says ready while requests are refused."""
+#: Why a draining pod is not ready, and why a closing one refuses.
+DRAINING: Final = "draining: shutting down"
+SHUTTING_DOWN: Final = "shutting down"
+
+
+def not_serving_reason(state: ServerState) -> str | None:
+    """Why this pod refuses a request now, or None: request admission's answer."""
     if state.startup_error is not None:
         return f"start-up failed: {state.startup_error}"
-    if state.draining:
-        return "shutting down"
+    if not state.drain.admits:
+        return SHUTTING_DOWN
     if state.engine is None or state.admission is None:
         return "the processor is loading"
     return state.engine.pool.no_workers_reason
+
+
+def not_ready_reason(state: ServerState) -> str | None:
+    """Why no traffic should be sent here, or None: the one answer behind ``/readyz`` and
+    ``/health``. Never ready while requests are refused (it includes ``not_serving_reason``);
+    not ready but still serving while the drain's window lasts (``drain``)."""
+    reason = not_serving_reason(state)
+    if reason is None and not state.drain.ready:
+        return DRAINING
+    return reason

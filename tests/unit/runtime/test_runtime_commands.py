@@ -94,7 +94,7 @@ def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
         assert statuses == [200, 200, 200, 200], "in-flight requests finish after SIGTERM"
         assert process.wait(TIMEOUT) == 0
         stderr = process.stderr.read().decode()
-        assert "shutting down" in stderr and "stopped" in stderr
+        assert "drain window over" in stderr and "stopped" in stderr
         with pytest.raises(OSError):
             _get(f"{base}/healthz")  # the socket is closed
     finally:
