@@ -10,7 +10,7 @@ Field names are snake_case in Python and camelCase on the wire (aliases).
 
 # The resource's types are read as ``api.X`` everywhere (``api.MultimodalPreprocessorSpec``,
 # ``api.KIND``), as kubebuilder's ``api/v1alpha1`` package is: one name for the API whichever of
-# its modules (``base``, ``spec``, ``autoscaling``, ``status``) defines a type. So they are re-exported here, and
+# its modules (``base``, ``spec``, ``autoscaling``, ``drain``, ``status``) defines a type. So they are re-exported here, and
 # only here; ``crd``, ``rbac`` and ``policy`` are imported as modules of their own.
 from mmprep_operator.api.autoscaling import (
     Autoscaling,
@@ -38,6 +38,7 @@ from mmprep_operator.api.base import (
     describe_validation_error,
     is_gpu_resource,
 )
+from mmprep_operator.api.drain import Drain
 from mmprep_operator.api.spec import (
     Disruption,
     DisruptionBound,
@@ -83,6 +84,7 @@ __all__ = [
     "Condition",
     "Disruption",
     "DisruptionBound",
+    "Drain",
     "FreeForm",
     "LabelMap",
     "ModelSource",

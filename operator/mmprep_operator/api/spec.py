@@ -24,6 +24,7 @@ from mmprep_operator.api.base import (
     cel_rules,
     is_gpu_resource,
 )
+from mmprep_operator.api.drain import Drain
 from mmprep_runtime.sizing import Backend, Device
 
 _ONE_SOURCE: Final = CelRule("has(self.path) != has(self.id)", "set exactly one of model.path and model.id")
@@ -305,6 +306,11 @@ class MultimodalPreprocessorSpec(ApiModel):
     env: list[NamedObject] = Field(default_factory=list, max_length=64, description="Extra runtime environment variables.")
     service_account_name: str | None = Field(None, min_length=1, max_length=253, description="Pod service account.")
     probe: ProbeSpec = Field(default_factory=ProbeSpec, description="The cloneability probe Job.")
+    drain: Drain = Field(
+        default_factory=Drain,
+        description="How runtime pods stop on scale-down and rollouts: not ready but still serving for a window, "
+        "then their requests in flight finished.",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> MultimodalPreprocessorSpec:

@@ -120,8 +120,8 @@ def render_deployment(
             "--termination-log",
             TERMINATION_LOG,
         ],
-        # Decision env last: it must win over anything the user set under the same name.
-        "env": [*model_env(spec), *decision_env(spec, d)],
+        # The operator's env after the user's: it must win over anything set under the same name.
+        "env": [*model_env(spec), *spec.drain.runtime_env().to_env(), *decision_env(spec, d)],
         "ports": [{"name": PORT_NAME, "containerPort": serving.port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": serving.ready_path, "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 10, "failureThreshold": 3},
@@ -135,6 +135,13 @@ def render_deployment(
     if (pull := pull_policy_of(spec, policy)) is not None:
         container["imagePullPolicy"] = pull
     pod_spec: dict[str, Any] = {
+        # The runtime drains on SIGTERM within this (``api.drain``). No preStop hook: the drain
+        # window is the runtime's own, begun by SIGTERM, which Kubernetes sends as it starts
+        # removing the pod's endpoint. A preStop sleep would spend that time with the process
+        # unaware it is stopping: readiness still 200, keep-alive connections kept open (a client
+        # holding one would go on sending to this pod past the sleep); the image has no `sleep`
+        # binary for an exec hook, and the sleep action needs Kubernetes 1.30.
+        "terminationGracePeriodSeconds": spec.drain.grace_period_seconds,
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
         "containers": [container],

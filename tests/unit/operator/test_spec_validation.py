@@ -96,6 +96,9 @@ VIOLATIONS = [
         },
         "a scaling rate sets exactly one of pods and percent",
     ),
+    ({"model": {"path": "/m"}, "drain": {"seconds": 30, "gracePeriodSeconds": 35}}, "drain.gracePeriodSeconds must be at least"),
+    # The defaulted grace period (45) is checked too: a longer window alone is refused.
+    ({"model": {"path": "/m"}, "drain": {"seconds": 40}}, "drain.gracePeriodSeconds must be at least drain.seconds + 6"),
 ]
 
 
@@ -121,6 +124,8 @@ def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, messa
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}},
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}},
         {"model": {"path": "/m"}, "device": "cuda", "resources": {"limits": {"amd.com/gpu": "1"}}},
+        {"model": {"path": "/m"}, "drain": {"seconds": 0, "gracePeriodSeconds": 6}},
+        {"model": {"path": "/m"}, "drain": {"seconds": 39}},
         {
             "model": {"path": "/m"},
             "workers": {"processor": 64, "io": 1, "overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]},
