@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 from conftest import QWEN_TEXT, b64
+from support.kube import wait_for
 from support.load_client import FAILED, NOT_DELIVERED, OK, RETRYABLE, Load
 from support.servers import free_port, runtime_command
 
@@ -151,13 +152,6 @@ def _get(url: str) -> int:
         return error.code
 
 
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)  # polling interval of a condition, not a synchronization
-
-
 def _metric(base: str, name: str) -> float:
     with urllib.request.urlopen(f"{base}/metrics", timeout=TIMEOUT) as response:
         for line in response.read().decode().splitlines():
@@ -187,16 +181,18 @@ def test_serve_drains_under_load_on_sigterm_with_no_failed_request_and_exits_zer
     ).encode()
     url = f"{base}/v1/preprocess"
     try:
-        _wait(lambda: process.poll() is None and _ready(base), TIMEOUT, "the server did not become ready")
+        wait_for(lambda: process.poll() is None and _ready(base), TIMEOUT, what="the server ready", interval=0.05)
         # Keep-alive clients (as HTTP pools are) and a client opening a connection per request.
         with Load(url, small, clients=2) as steady, Load(url, small, clients=1, keep_alive=False) as fresh:
             slow = Load(url, large, clients=2)
             slow.start()
-            _wait(lambda: _metric(base, "mmprep_requests_in_flight") >= 2, TIMEOUT, "slow requests never got in flight")
+            wait_for(
+                lambda: _metric(base, "mmprep_requests_in_flight") >= 2, TIMEOUT, what="slow requests in flight", interval=0.02
+            )
             steady.wait_for(lambda attempts: len(attempts) >= 4, TIMEOUT)
             sigterm = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            _wait(lambda: _get(f"{base}/readyz") == 503, TIMEOUT, "readiness did not turn 503")
+            wait_for(lambda: _get(f"{base}/readyz") == 503, TIMEOUT, what="readiness 503", interval=0.02)
             not_ready = time.monotonic()
             assert _get(f"{base}/healthz") == 200
             # Requests keep being served after readiness said 503, on both kinds of client.
@@ -237,3 +233,27 @@ def _ready(base: str) -> bool:
         return _get(f"{base}/readyz") == 200
     except OSError:
         return False  # not listening yet
+
+
+@pytest.mark.slow
+def test_a_second_signal_cuts_a_long_drain_short(qwen_dir):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_DRAIN_SECONDS": "600"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: process.poll() is None and _ready(base), TIMEOUT, what="the server ready", interval=0.05)
+        process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _get(f"{base}/readyz") == 503, TIMEOUT, what="readiness 503", interval=0.02)
+        process.send_signal(signal.SIGINT)  # a person pressing Ctrl-C again
+        assert process.wait(60) == 0, "the 600 s window was skipped"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+        if process.stderr:
+            process.stderr.close()
