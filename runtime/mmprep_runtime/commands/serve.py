@@ -111,11 +111,11 @@ async def drain(state: server_state.ServerState, site: web.BaseSite, runner: web
     state.metrics.draining.set(1)
     # A pod that never became ready was in no endpoints: nothing can be on its way to it.
     window = load.drain_s if state.engine is not None else 0.0
-    logger.info(
-        "draining: not ready, still serving for %g s, %d request(s) in flight",
-        window,
-        state.admission.in_flight if state.admission else 0,
-    )
+    if window:
+        in_flight = state.admission.in_flight if state.admission else 0
+        logger.info("draining: not ready, still serving for %g s, %d request(s) in flight", window, in_flight)
+    else:
+        logger.info("draining: not ready, no drain window (--drain-seconds 0, or never ready)")
     await _until(hurry, window)
     state.drain.close()
     await site.stop()
