@@ -3,7 +3,9 @@ with a retryable answer, or failed. What the drain tests measure "zero failed re
 
 Standard library only, and runnable as a script, so the same client runs from the host against a
 local server and inside a pod against a Service (``python3 load_client.py URL --body-file ...
---duration 60`` prints the tally as JSON when done or on SIGTERM).
+--duration 60`` prints the tally as JSON when done or on SIGTERM; ``--summary-file
+/dev/termination-log`` also leaves it in the pod's status). ``pod_manifests`` is such a pod, and
+the ConfigMap that carries this file and the body into it, for the kind tests.
 
 Outcomes of one attempt:
 - ``ok``: a 2xx answer;
@@ -31,6 +33,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 OK, RETRYABLE, NOT_DELIVERED, FAILED = "ok", "retryable", "not_delivered", "failed"
 
@@ -62,7 +66,7 @@ class Tally:
     def failures(self) -> list[Attempt]:
         return [a for a in self.attempts if a.outcome == FAILED]
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         return {
             "attempts": len(self.attempts),
             "by_outcome": dict(collections.Counter(a.outcome for a in self.attempts)),
@@ -193,6 +197,51 @@ class Load:
         return Attempt(sent, ended, FAILED, response.status, f"HTTP {response.status}", closed_connection=closing), not closing
 
 
+def pod_manifests(
+    name: str, namespace: str, image: str, url: str, body: bytes, *, duration: float, clients: int = 4, retries: int = 3
+) -> list[dict[str, Any]]:
+    """A ConfigMap carrying this file and ``body``, and a Pod that runs the load from it against
+    ``url`` (a Service) for ``duration`` seconds and exits 0 when no request failed, with the tally
+    as its termination message. Any image with ``python3`` does (the runtime image has it); the pod
+    meets the restricted Pod Security Standard."""
+    source = Path(__file__).read_text()
+    config_map: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {"load_client.py": source, "body.json": body.decode()},
+    }
+    command = ["python3", "/load/load_client.py", url, "--body-file", "/load/body.json"]
+    command += ["--duration", str(duration), "--clients", str(clients), "--retries", str(retries)]
+    command += ["--summary-file", "/dev/termination-log"]
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/name": "mmprep-load"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "load",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": command,
+                    "volumeMounts": [{"name": "load", "mountPath": "/load", "readOnly": True}],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+            "volumes": [{"name": "load", "configMap": {"name": name}}],
+        },
+    }
+    return [config_map, pod]
+
+
 def _seconds(retry_after: str) -> float:
     try:
         return max(0.0, float(retry_after))
@@ -208,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (SIGTERM ends it sooner)")
     parser.add_argument("--retries", type=int, default=3, help="retries of a retryable or undelivered attempt")
     parser.add_argument("--no-keep-alive", dest="keep_alive", action="store_false")
+    parser.add_argument("--summary-file", default=None, help="also write the JSON here (e.g. /dev/termination-log)")
     args = parser.parse_args(argv)
     with open(args.body_file, "rb") as f:
         body = f.read()
@@ -217,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     load.start()
     done.wait(args.duration)
     tally = load.stop()
-    print(json.dumps(tally.summary()))
+    summary = tally.summary()
+    if args.summary_file:
+        # A termination message holds 4 KiB: the failures' list is the part that may be cut.
+        brief = {**summary, "failures": summary["failures"][:5]}
+        with open(args.summary_file, "w") as f:
+            f.write(json.dumps(brief)[:4000])
+    print(json.dumps(summary))
     return 0 if tally.requests_failed == 0 and not tally.failures() else 1
 
 

@@ -139,8 +139,8 @@ def render_deployment(
         # window is the runtime's own, begun by SIGTERM, which Kubernetes sends as it starts
         # removing the pod's endpoint. A preStop sleep would spend that time with the process
         # unaware it is stopping: readiness still 200, keep-alive connections kept open (a client
-        # holding one would go on sending to this pod past the sleep); the image has no `sleep`
-        # binary for an exec hook, and the sleep action needs Kubernetes 1.30.
+        # holding one would go on sending to this pod past the sleep); an exec hook needs a
+        # `sleep` in whatever image a resource names, and the sleep action Kubernetes 1.30.
         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds,
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
