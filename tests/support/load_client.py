@@ -1,11 +1,12 @@
 """A steady load of POSTs against one URL that counts how every request ended: served, refused
 with a retryable answer, or failed. What the drain tests measure "zero failed requests" with.
 
-Standard library only, and runnable as a script, so the same client runs from the host against a
-local server and inside a pod against a Service (``python3 load_client.py URL --body-file ...
---duration 60`` prints the tally as JSON when done or on SIGTERM; ``--summary-file
-/dev/termination-log`` also leaves it in the pod's status). ``pod_manifests`` is such a pod, and
-the ConfigMap that carries this file and the body into it, for the kind tests.
+Closed loop and per attempt, for tests that watch one server drain from the host: each attempt
+is recorded (when it was sent, how it ended, whether the answer said ``Connection: close``), and a
+test can wait on the attempts (``Load.wait_for``). Load through a Service from inside a cluster
+is ``benchmarks/autoscale/loadgen.py`` (open loop, per-second counts; ``support.kind_load`` runs
+it in a pod). Standard library only; as a script (``python3 load_client.py URL --body-file F
+--duration 60``) it prints the tally as JSON, also into ``--summary-file``.
 
 Outcomes of one attempt:
 - ``ok``: a 2xx answer;
@@ -33,7 +34,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 OK, RETRYABLE, NOT_DELIVERED, FAILED = "ok", "retryable", "not_delivered", "failed"
@@ -195,51 +195,6 @@ class Load:
             attempt = Attempt(sent, ended, RETRYABLE, response.status, f"HTTP {response.status}", closing, _seconds(retry_after))
             return attempt, not closing
         return Attempt(sent, ended, FAILED, response.status, f"HTTP {response.status}", closed_connection=closing), not closing
-
-
-def pod_manifests(
-    name: str, namespace: str, image: str, url: str, body: bytes, *, duration: float, clients: int = 4, retries: int = 3
-) -> list[dict[str, Any]]:
-    """A ConfigMap carrying this file and ``body``, and a Pod that runs the load from it against
-    ``url`` (a Service) for ``duration`` seconds and exits 0 when no request failed, with the tally
-    as its termination message. Any image with ``python3`` does (the runtime image has it); the pod
-    meets the restricted Pod Security Standard."""
-    source = Path(__file__).read_text()
-    config_map: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace},
-        "data": {"load_client.py": source, "body.json": body.decode()},
-    }
-    command = ["python3", "/load/load_client.py", url, "--body-file", "/load/body.json"]
-    command += ["--duration", str(duration), "--clients", str(clients), "--retries", str(retries)]
-    command += ["--summary-file", "/dev/termination-log"]
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/name": "mmprep-load"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [
-                {
-                    "name": "load",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": command,
-                    "volumeMounts": [{"name": "load", "mountPath": "/load", "readOnly": True}],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                }
-            ],
-            "volumes": [{"name": "load", "configMap": {"name": name}}],
-        },
-    }
-    return [config_map, pod]
 
 
 def _seconds(retry_after: str) -> float:

@@ -102,13 +102,3 @@ def test_as_a_script_it_prints_the_tally_and_fails_when_a_request_failed(server,
     assert json.loads((tmp_path / "summary.json").read_text())["by_outcome"] == summary["by_outcome"]
     assert done.returncode == 1 and summary["by_outcome"][FAILED] == 1 and summary["by_outcome"][OK] >= 1, summary
 
-
-def test_its_pod_runs_this_file_from_a_config_map_under_the_restricted_standard() -> None:
-    config_map, pod = load_client.pod_manifests("load", "ns", "img:1", "http://svc:8080/v1/preprocess", b'{"a": 1}', duration=30)
-    assert config_map["data"]["load_client.py"] == Path(load_client.__file__).read_text()
-    assert config_map["data"]["body.json"] == '{"a": 1}'
-    (container,) = pod["spec"]["containers"]
-    assert container["command"][:3] == ["python3", "/load/load_client.py", "http://svc:8080/v1/preprocess"]
-    assert container["command"][-2:] == ["--summary-file", "/dev/termination-log"]
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["spec"]["securityContext"]["runAsNonRoot"]
-    assert pod["spec"]["volumes"] == [{"name": "load", "configMap": {"name": "load"}}]
