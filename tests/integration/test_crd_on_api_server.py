@@ -91,6 +91,8 @@ def _apply(cluster: Cluster, namespace: str, spec: dict) -> tuple[int, str]:
             {"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 3, "signal": "queueWait", "target": 700000}},
             "autoscaling target out of range for its signal",
             id="autoscaling-queue-wait-target-out-of-range",
+        ),
+        pytest.param(
             {"model": {"path": "/m"}, "drain": {"seconds": 40}},
             "drain.gracePeriodSeconds must be at least drain.seconds + 6",
             id="drain-window-longer-than-the-defaulted-grace-period-allows",

@@ -101,4 +101,3 @@ def test_as_a_script_it_prints_the_tally_and_fails_when_a_request_failed(server,
     summary = json.loads(done.stdout)
     assert json.loads((tmp_path / "summary.json").read_text())["by_outcome"] == summary["by_outcome"]
     assert done.returncode == 1 and summary["by_outcome"][FAILED] == 1 and summary["by_outcome"][OK] >= 1, summary
-
