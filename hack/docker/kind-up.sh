@@ -175,5 +175,16 @@ log "installing the chart"
 phase "chart installed"
 # Started before the chart so that its first scrapes overlap the install; Available once it has.
 k wait --for=condition=Available apiservice/v1beta1.metrics.k8s.io --timeout=300s >&2
+# Available is not enough: this API server has been seen answering 404 for an APIService added
+# while it ran (its aggregator never routed the group) until it restarted. Check the real path, and
+# restart the API server once (kubelet brings its static pod back) when it does not route.
+metrics_api() { k get --raw /apis/metrics.k8s.io/v1beta1/nodes >/dev/null 2>&1; }
+for _ in $(seq 30); do metrics_api && break; sleep 2; done
+if ! metrics_api; then
+  log "the API server does not route metrics.k8s.io: restarting it once"
+  docker exec "${nodes[0]}" sh -c 'crictl stop $(crictl ps -q --name kube-apiserver)' >&2
+  for _ in $(seq 120); do metrics_api && break; sleep 2; done
+  metrics_api || die "metrics.k8s.io does not answer through the API server"
+fi
 phase "metrics-server available"
 echo "$KIND_KUBECONFIG"
