@@ -121,7 +121,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=3, help="requests per second before the step (default 3)")
     parser.add_argument("--step-at", type=float, default=60, help="seconds of base load before the step")
-    parser.add_argument("--duration", type=float, default=300, help="seconds of load in all")
+    parser.add_argument("--duration", type=float, default=240, help="seconds of load in all")
+    parser.add_argument("--image-side", type=int, default=1600, help="side of the square test image (default 1600)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "autoscale" / "results")
     parser.add_argument("--image", default=os.environ.get("RUNTIME_IMAGE", "mmprep-runtime:0.1.0"))
     args = parser.parse_args()
@@ -159,7 +160,13 @@ def main() -> int:
         sampler.join()
         log("load finished")
         before = {name: next((s[name] for s in samples if s["t"] >= args.step_at), 1) for name in (ELASTIC, FIXED)}
-        report: dict[str, Any] = {"schedule": schedule, "duration_s": args.duration, "pools": {}, "samples": samples}
+        report: dict[str, Any] = {
+            "schedule": schedule,
+            "duration_s": args.duration,
+            "image_side": args.image_side,
+            "pools": {},
+            "samples": samples,
+        }
         for name, result in results.items():
             grown = next((s["t"] - args.step_at for s in samples if s["t"] > args.step_at and s[name] > before[name]), None)
             step = result.summary["steps"][-1]

@@ -605,7 +605,19 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
 
         url = "http://elastic:8080/v1/preprocess"
         text = f"{QWEN_IMAGE_PLACEHOLDER}describe"
-        heavy = start_load(kube, NAMESPACE, image=RUNTIME_IMAGE, url=url, schedule="0:8", duration=600, node=GPU_NODE, text=text)
+        # 8 large images a second need about 0.3 CPU (1.5x the pods' target); the trickle's small ones
+        # under 0.02, so alone they keep one pod under its target.
+        heavy = start_load(
+            kube,
+            NAMESPACE,
+            image=RUNTIME_IMAGE,
+            url=url,
+            schedule="0:8",
+            duration=600,
+            node=GPU_NODE,
+            text=text,
+            extra_args=("--image-side", "1024"),
+        )
         loads.append(heavy)
         trickle = start_load(
             kube, NAMESPACE, image=RUNTIME_IMAGE, url=url, schedule="0:2", duration=1200, node=GPU_NODE, text=text
