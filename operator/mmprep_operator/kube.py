@@ -53,6 +53,15 @@ _PATHS: Final[dict[tuple[str, str], tuple[str, str]]] = {
 }
 
 
+#: What the pods refer to by name and the operator may look up: only ever asked whether it exists
+#: (``object_exists``), never written, so not in ``_PATHS``.
+_LOOKED_UP: Final[dict[tuple[str, str], tuple[str, str]]] = {
+    ("v1", "PersistentVolumeClaim"): ("/api/v1", "persistentvolumeclaims"),
+}
+#: Ask the API server for an object's metadata alone.
+_METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
 class ApiError(Exception):
     """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
 
@@ -102,6 +111,7 @@ class KubeApi(Protocol):
     async def apply(self, obj: Mapping[str, Any], *, force: bool, field_manager: str = FIELD_MANAGER) -> dict[str, Any]: ...
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def get_cluster_object(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None: ...
+    async def object_exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
     async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -170,8 +180,8 @@ class RestKubeApi:
     async def close(self) -> None:
         await self._session.close()
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+    def _headers(self, content_type: str | None, accept: str = "application/json") -> dict[str, str]:
+        headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._auth.get_api_key_with_prefix("BearerToken", alias="authorization")
@@ -188,12 +198,12 @@ class RestKubeApi:
         content_type: str | None = None,
         params: Mapping[str, str] | None = None,
         missing_ok: bool = False,
+        accept: str = "application/json",
     ) -> dict[str, Any] | None:
         data = json.dumps(body) if body is not None else None
+        headers = self._headers(content_type if data else None, accept)
         try:
-            async with self._session.request(
-                method, self._base + path, data=data, params=params, headers=self._headers(content_type if data else None)
-            ) as response:
+            async with self._session.request(method, self._base + path, data=data, params=params, headers=headers) as response:
                 text = await response.text()
                 if response.status == 404 and missing_ok:
                     return None
@@ -256,6 +266,16 @@ class RestKubeApi:
 
     async def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", f"{collection_path(api_version, kind, namespace)}/{quote(name)}", missing_ok=True)
+
+    async def object_exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        # Metadata only (PartialObjectMetadata): nothing of the object but that it exists is wanted.
+        if (api_version, kind) not in _LOOKED_UP:
+            raise ValueError(f"the operator does not look up {kind} ({api_version})")
+        prefix, plural = _LOOKED_UP[(api_version, kind)]
+        found = await self._call(
+            "GET", f"{prefix}/namespaces/{quote(namespace)}/{plural}/{quote(name)}", missing_ok=True, accept=_METADATA_ONLY
+        )
+        return found is not None
 
     async def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         result = await self._call("GET", collection_path(api_version, kind, namespace), params={"labelSelector": selector})

@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model-name", default=None, help="vLLM render API: the model name /v1/models answers (default: --model as given)"
     )
     serve.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="vLLM render API: context length prompts are checked against (default: the model config's)",
+    )
+    serve.add_argument(
         "--fetch-allowed-networks",
         default=None,
         help="image URLs: comma-separated networks that may be fetched although not public "

@@ -116,6 +116,9 @@ class RenderSettings:
     #: The name ``/v1/models`` answers and ``model`` must match (vLLM's ``--served-model-name``);
     #: None = the model as given, as vLLM does.
     served_model_name: str | None = None
+    #: The context length prompts are checked against (vLLM's ``--max-model-len``); None = the
+    #: model config's ``max_position_embeddings``, as vLLM does.
+    max_model_len: int | None = None
     fetch: FetchSettings = FetchSettings()
 
 
@@ -272,8 +275,12 @@ def _render_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Re
         if timeout <= 0:
             raise SettingsError(f"--fetch-timeout must be positive, got {timeout}")
         fetch = dataclasses.replace(fetch, read_timeout_s=timeout)
+    max_model_len = getattr(args, "max_model_len", None)
+    if max_model_len is not None and max_model_len < 1:
+        raise SettingsError(f"--max-model-len must be positive, got {max_model_len}")
     return RenderSettings(
         normalized_pixels=normalized,
         served_model_name=getattr(args, "served_model_name", None),
+        max_model_len=max_model_len,
         fetch=fetch,
     )

@@ -16,6 +16,9 @@ What it does, and what it deliberately does not:
   and reports its content as the termination message, like the kubelet does;
 - maps hostPath volume mount paths onto the host paths and emptyDir mounts onto temp folders
   (in arguments and env values), except a mount over ``/tmp``, which only sets TMPDIR;
+- an env Secret or ConfigMap that does not exist leaves the container waiting in
+  ``CreateContainerConfigError`` with the kubelet's message (``secret "x" not found``), retried
+  until it exists, as the kubelet does;
 - reports real status through ``pods/status``: Running, Ready from the readiness probe
   (httpGet/tcpSocket/exec), Succeeded/Failed with exit code and message; restarts containers per
   ``restartPolicy``;

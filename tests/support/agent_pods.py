@@ -44,6 +44,10 @@ MESSAGE_LIMIT = 4096
 MERGE_PATCH = "application/merge-patch+json"
 
 
+class _ConfigMissing(Exception):
+    """A container's env names a Secret or ConfigMap that does not exist (the kubelet's words)."""
+
+
 class Host(Protocol):
     """What a PodRunner needs from the agent that owns it."""
 
@@ -123,7 +127,15 @@ class PodRunner:
 
     def _run(self) -> None:
         try:
-            self._prepare()
+            while True:
+                try:
+                    self._prepare()
+                    break
+                except _ConfigMissing as exc:
+                    # As the kubelet does: the container waits, says why, and is tried again.
+                    self._report_config_error(str(exc))
+                    if self.stop_requested.wait(2.0):
+                        return
             self._supervise()
         except Exception as exc:
             log.exception("pod %s/%s failed in the agent", self.namespace, self.name)
@@ -267,6 +279,9 @@ class PodRunner:
             optional = (cm_ref or secret_ref or {}).get("optional")
             if exc.status == 404 and optional:
                 return {}
+            if exc.status == 404:
+                kind, ref = ("configmap", cm_ref) if cm_ref else ("secret", secret_ref)
+                raise _ConfigMissing(f'{kind} "{(ref or {}).get("name")}" not found') from None
             raise
         return {}
 
@@ -504,6 +519,30 @@ class PodRunner:
             if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime"):
                 c["lastTransitionTime"] = prev["lastTransitionTime"]
         return conditions
+
+    def _report_config_error(self, message: str) -> None:
+        """The kubelet's CreateContainerConfigError: a container's env names a missing object."""
+        containers = self.pod["spec"].get("containers") or []
+        self._patch_status(
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now()},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}},
+                    }
+                    for c in containers
+                ],
+            }
+        )
 
     def _report_failure(self, reason: str, message: str) -> None:
         self._patch_status(

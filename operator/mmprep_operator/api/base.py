@@ -13,6 +13,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS
 
@@ -39,10 +40,10 @@ def is_gpu_resource(name: str) -> bool:
 CEL_HAS_GPU: Final = "{m}.exists(k, k.endsWith('/gpu') || k.startsWith('nvidia.com/mig-'))"
 
 WorkerCount = Annotated[int, Field(ge=MIN_WORKERS, le=MAX_WORKERS)]
-Quantity = int | str  # rendered as x-kubernetes-int-or-string
+#: A count or a string (a percentage): rendered as x-kubernetes-int-or-string. Quantities are
+#: ``corev1.Quantity``, which also checks the string.
+IntOrString = int | str
 LabelMap = Annotated[dict[str, str], Field(max_length=64)]
-# Free-form Kubernetes objects (tolerations, affinity) are passed through as they are.
-FreeForm = dict[str, Any]
 
 
 class ApiModel(BaseModel):
@@ -73,7 +74,12 @@ class CelRule:
 
 def cel_rules(*rules: CelRule) -> ConfigDict:
     """A model's config that puts ``rules`` into its schema, in order (``x-kubernetes-validations``)."""
-    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r.rule, "message": r.message} for r in rules]})
+    return ConfigDict(json_schema_extra=field_cel_rules(*rules))
+
+
+def field_cel_rules(*rules: CelRule) -> JsonDict:
+    """``rules`` on one field (``Field(json_schema_extra=...)``), for a type that is not a model of ours."""
+    return {"x-kubernetes-validations": [{"rule": r.rule, "message": r.message} for r in rules]}
 
 
 def describe_validation_error(error: ValidationError) -> str:

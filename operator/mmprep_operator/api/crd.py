@@ -81,6 +81,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             quantity: dict[str, Any] = {"x-kubernetes-int-or-string": True}
             if "description" in rest:
                 quantity["description"] = rest["description"]
+            # A pattern on the string branch (a resource quantity's grammar) holds for strings only,
+            # as the API server applies it to an int-or-string.
+            patterns = [b["pattern"] for b in branches if "pattern" in b]
+            if patterns:
+                quantity["pattern"] = patterns[0]
             return quantity
         if len(branches) != 1:
             raise ValueError(f"cannot express anyOf {node['anyOf']} in a structural schema")

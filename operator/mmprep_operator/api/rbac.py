@@ -45,6 +45,10 @@ RULES: Final[list[dict[str, Any]]] = [
     # Probe pods: their termination message carries the probe's JSON; runtime pods: why they
     # are not ready (the scheduler's condition, a container's termination message).
     {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
+    # The claims the pods mount: does each exist? One name at a time, metadata only; never
+    # "list" or "watch". (Secrets and ConfigMaps are not read at all: a missing one is what the
+    # kubelet says of a pod that names it.)
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
     # Events for decisions and failures (ours and kopf's).
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "get", "patch"]},
     # kopf: discovers the CRD and follows its (re)installation (and whether KEDA's is there, for

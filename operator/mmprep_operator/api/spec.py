@@ -8,23 +8,25 @@ the API server and by the model's validator with the same message.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from mmprep_operator.api import corev1, security
 from mmprep_operator.api.autoscaling import CPU_SIGNAL_NEEDS_CPU_REQUEST, Autoscaling
 from mmprep_operator.api.base import (
     CEL_HAS_GPU,
     ApiModel,
     CelRule,
-    FreeForm,
+    IntOrString,
     LabelMap,
-    Quantity,
     WorkerCount,
     cel_rules,
+    field_cel_rules,
     is_gpu_resource,
 )
 from mmprep_operator.api.drain import Drain
+from mmprep_operator.api.serving import ServingSpec
 from mmprep_runtime.sizing import Backend, Device
 
 _ONE_SOURCE: Final = CelRule("has(self.path) != has(self.id)", "set exactly one of model.path and model.id")
@@ -51,6 +53,27 @@ _CACHE_VOLUME_EXISTS: Final = CelRule(
     "!has(self.model.cacheVolume) || (has(self.volumes) && self.volumes.exists(v, v.name == self.model.cacheVolume))",
     "model.cacheVolume must name a volume in spec.volumes",
 )
+#: Label keys the operator's selectors and identity rest on (``logic.identity``): a pod label may
+#: not replace them, or the Deployment would lose its own pods. Rejected rather than ignored, so
+#: that what is written is what the pods get.
+RESERVED_LABEL_PREFIX: Final = "mmprep.dev/"
+RESERVED_LABELS: Final = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+)
+_POD_LABELS_OWN: Final = CelRule(
+    "self.all(k, !k.startsWith('mmprep.dev/') && !(k in [" + ", ".join(f"'{k}'" for k in RESERVED_LABELS) + "]))",
+    "podLabels may not set the operator's own labels (mmprep.dev/*, app.kubernetes.io/name, instance, component, managed-by)",
+)
+_POD_ANNOTATIONS_OWN: Final = CelRule(
+    "self.all(k, !k.startsWith('mmprep.dev/'))", "podAnnotations may not set the operator's own mmprep.dev/* annotations"
+)
+
+
+def _reserved_label(key: str) -> bool:
+    return key.startswith(RESERVED_LABEL_PREFIX) or key in RESERVED_LABELS
 
 
 class ModelSource(ApiModel):
@@ -155,38 +178,28 @@ class ProbeSpec(ApiModel):
         description="Deadline of the probe Job (activeDeadlineSeconds); default from the operator policy (300).",
     )
     node_selector: LabelMap | None = Field(None, description="Where the probe pod runs; default spec.nodeSelector.")
-    tolerations: list[FreeForm] | None = Field(
-        None, max_length=64, description="Probe pod tolerations; default spec.tolerations."
-    )
+    tolerations: corev1.Tolerations | None = Field(None, description="Probe pod tolerations; default spec.tolerations.")
 
 
 class Resources(ApiModel):
     """Container resources; a GPU resource (e.g. nvidia.com/gpu) in limits gives each pod a GPU."""
 
-    requests: Annotated[dict[str, Quantity], Field(max_length=32)] = Field(default_factory=dict, description="Resource requests.")
-    limits: Annotated[dict[str, Quantity], Field(max_length=32)] = Field(default_factory=dict, description="Resource limits.")
+    requests: Annotated[dict[str, corev1.Quantity], Field(max_length=32)] = Field(
+        default_factory=dict, description="Resource requests (quantities: 2, 500m, 4Gi)."
+    )
+    limits: Annotated[dict[str, corev1.Quantity], Field(max_length=32)] = Field(
+        default_factory=dict, description="Resource limits (quantities: 2, 500m, 4Gi)."
+    )
 
     def gpu_resources(self) -> list[str]:
         return sorted({k for k in (*self.requests, *self.limits) if is_gpu_resource(k)})
-
-
-class NamedObject(ApiModel):
-    """A Kubernetes object passed through as it is (a Volume, VolumeMount or EnvVar); only its name is checked."""
-
-    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
-
-    name: str = Field(min_length=1, max_length=253, description="Name.")
-
-    def wire(self) -> dict[str, Any]:
-        # Extra fields arrive with their wire names already; dump them as they are.
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # ------------------------------------------------------------- availability (per pool)
 
 #: A PodDisruptionBudget bound: a pod count or a percentage of the pool's pods.
 _PDB_BOUND = r"^([0-9]+|[0-9]{1,3}%)$"
-DisruptionBound = Quantity  # rendered as x-kubernetes-int-or-string
+DisruptionBound = IntOrString
 
 
 class Disruption(ApiModel):
@@ -279,8 +292,10 @@ class MultimodalPreprocessorSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, description="Image pull policy.")
     resources: Resources = Field(default_factory=Resources, description="Runtime container resources.")
     node_selector: LabelMap = Field(default_factory=dict, description="Nodes the runtime may run on (labels).")
-    tolerations: list[FreeForm] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
-    affinity: FreeForm | None = Field(None, description="Pod affinity; required node affinity also limits eligible nodes.")
+    tolerations: corev1.Tolerations = Field(default_factory=list, description="Pod tolerations (core/v1 Toleration).")
+    affinity: corev1.Affinity | None = Field(
+        None, description="Pod affinity (core/v1 Affinity); required node affinity also limits eligible nodes."
+    )
     runtime_class_name: str | None = Field(
         None,
         min_length=1,
@@ -301,9 +316,45 @@ class MultimodalPreprocessorSpec(ApiModel):
             "both: not checked."
         ),
     )
-    volumes: list[NamedObject] = Field(default_factory=list, max_length=64, description="Pod volumes (e.g. a model folder).")
-    volume_mounts: list[NamedObject] = Field(default_factory=list, max_length=64, description="Runtime container volume mounts.")
-    env: list[NamedObject] = Field(default_factory=list, max_length=64, description="Extra runtime environment variables.")
+    volumes: corev1.Volumes = Field(
+        default_factory=list, description="Pod volumes (core/v1 Volume, keyed by name), e.g. a model folder."
+    )
+    volume_mounts: corev1.VolumeMounts = Field(
+        default_factory=list, description="Runtime container volume mounts (core/v1 VolumeMount, keyed by mountPath)."
+    )
+    env: corev1.Env = Field(
+        default_factory=list, description="Extra runtime environment variables (core/v1 EnvVar, keyed by name)."
+    )
+    env_from: corev1.EnvFrom = Field(
+        default_factory=list, description="ConfigMaps and Secrets whose keys become runtime environment variables."
+    )
+    image_pull_secrets: corev1.ImagePullSecrets = Field(
+        default_factory=list, description="Secrets (in the resource's namespace) to pull the runtime image with."
+    )
+    pod_labels: LabelMap = Field(
+        default_factory=dict,
+        description="Labels for the runtime, probe and calibration pods, beside the operator's own (which they may not set).",
+        json_schema_extra=field_cel_rules(_POD_LABELS_OWN),
+    )
+    pod_annotations: Annotated[dict[str, str], Field(max_length=64)] = Field(
+        default_factory=dict,
+        description="Annotations for the runtime, probe and calibration pods (not mmprep.dev/*).",
+        json_schema_extra=field_cel_rules(_POD_ANNOTATIONS_OWN),
+    )
+    pod_security_context: corev1.PodSecurityContext | None = Field(
+        None,
+        description="Pod security context additions (docs/configuration.md). Setting it, even to {}, leaves "
+        "runAsUser, runAsGroup and fsGroup to it (or to a platform that assigns them, e.g. OpenShift) instead "
+        "of the operator's 65532; runAsNonRoot and the RuntimeDefault seccomp profile stay.",
+        json_schema_extra=field_cel_rules(*(r.cel for r in security.POD_RULES)),
+    )
+    security_context: corev1.SecurityContext | None = Field(
+        None,
+        description="Runtime container security context additions; no privilege escalation, all capabilities "
+        "dropped, a read-only root and non-root stay.",
+        json_schema_extra=field_cel_rules(*(r.cel for r in security.CONTAINER_RULES)),
+    )
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="The runtime's request limits and names.")
     service_account_name: str | None = Field(None, min_length=1, max_length=253, description="Pod service account.")
     probe: ProbeSpec = Field(default_factory=ProbeSpec, description="The cloneability probe Job.")
     drain: Drain = Field(
@@ -313,13 +364,21 @@ class MultimodalPreprocessorSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> MultimodalPreprocessorSpec:
+    def _crossfield_cel_rules(self) -> MultimodalPreprocessorSpec:
         if self.device is Device.CUDA and not self.resources.gpu_resources():
             raise ValueError(_CUDA_NEEDS_GPU.message)
-        if self.model.cache_volume is not None and self.model.cache_volume not in {v.name for v in self.volumes}:
+        if self.model.cache_volume is not None and self.model.cache_volume not in {v.get("name") for v in self.volumes}:
             raise ValueError(_CACHE_VOLUME_EXISTS.message)
         if self.autoscaling is not None and self.autoscaling.signal == "cpu" and not self.requests_cpu():
             raise ValueError(CPU_SIGNAL_NEEDS_CPU_REQUEST.message)
+        if any(_reserved_label(k) for k in self.pod_labels):
+            raise ValueError(_POD_LABELS_OWN.message)
+        if any(k.startswith(RESERVED_LABEL_PREFIX) for k in self.pod_annotations):
+            raise ValueError(_POD_ANNOTATIONS_OWN.message)
+        broken = security.broken(security.POD_RULES, self.pod_security_context)
+        broken += security.broken(security.CONTAINER_RULES, self.security_context)
+        if broken:
+            raise ValueError("; ".join(broken))
         return self
 
     def requests_cpu(self) -> bool:

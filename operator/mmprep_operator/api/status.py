@@ -6,7 +6,7 @@ the probe's answer is the runtime's ``ProbeAnswer`` under camelCase names.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -15,13 +15,18 @@ from mmprep_operator.api.base import ApiModel
 from mmprep_operator.api.spec import MultimodalPreprocessorSpec
 from mmprep_runtime.contract import ProbeAnswer
 
+#: A condition reason as metav1.Condition has it: CamelCase, as every reason the operator writes
+#: (``logic.conditions.Reason``) and every one it passes through from the kubelet or scheduler.
+REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+ReasonText = Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)]
+
 
 class Condition(ApiModel):
     """A Kubernetes-style condition."""
 
     type: str = Field(description="Condition type: Ready, Probed, Cloneable or Degraded.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason.")
+    reason: ReasonText = Field(description="CamelCase reason (logic.conditions lists the operator's).")
     message: str = Field("", description="Human-readable explanation.")
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(None, description="The generation this condition was computed for.")
@@ -41,7 +46,11 @@ class ProbeStatus(ApiModel):
     hash: str = Field(description="Hash of the fields the probe depends on; a new hash means a new probe.")
     job: str = Field(description="Name of the probe Job (shared by resources with the same hash).")
     state: ProbeState = Field(description="Pending, Running, Succeeded or Failed.")
-    reason: str | None = Field(None, description="Why it failed (ProbeFailed, ProbeTimedOut, ...).")
+    reason: str | None = Field(
+        None,
+        description="Why it failed (ProbeFailed, ProbeTimedOut, ...), or why its pod cannot start while Pending "
+        "(SecretNotFound, ConfigMapNotFound, Unschedulable, ...).",
+    )
     message: str | None = Field(None, description="Details of a failure.")
     result: ProbeResult | None = Field(None, description="The probe's answer.")
 
@@ -81,7 +90,7 @@ class PoolProblem(ApiModel):
     """Why a pool's pods do not run: the scheduler's verdict, a container's last termination, or an
     image that is not built for the pool's architecture."""
 
-    reason: str = Field(description="CamelCase reason: Unschedulable, ImagePlatformMissing, or the container's reason.")
+    reason: ReasonText = Field(description="CamelCase reason: Unschedulable, ImagePlatformMissing, or the container's reason.")
     message: str = Field(description="What the scheduler or the container said.")
     pods: int = Field(0, description="How many of the pool's pods this applies to.")
 
@@ -126,7 +135,11 @@ class MultimodalPreprocessorStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     probe: ProbeStatus | None = Field(None, description="The probe and its result.")
-    pools: list[PoolStatus] = Field(default_factory=list, description="Per-pool decisions and Deployments.")
+    pools: list[PoolStatus] = Field(
+        default_factory=list,
+        description="Per-pool decisions and Deployments, keyed by pool name.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     replicas: int = Field(0, description="Current pods over all pools (scale subresource).")
     ready_replicas: int = Field(0, description="Ready pods over all pools.")
     selector: str | None = Field(None, description="Label selector of the runtime pods (scale subresource).")

@@ -52,9 +52,21 @@ from mmprep_operator.control.children import ChildStore
 from mmprep_operator.control.event_poster import DRAIN_SECONDS, EventPoster, utcnow
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.probe_jobs import ProbeJobs
+from mmprep_operator.control.reference_checker import RECHECK_SECONDS, ReferenceChecker
 from mmprep_operator.control.status_writer import StatusWriter
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import autoscaling, calibration, identity, naming, pod_parts, podstates, pools, probe, status
+from mmprep_operator.logic import (
+    autoscaling,
+    calibration,
+    identity,
+    naming,
+    pod_parts,
+    podstates,
+    pools,
+    probe,
+    references,
+    status,
+)
 from mmprep_operator.logic.nodes import NodeFacts
 from mmprep_operator.logic.plan import Plan, make_plan
 
@@ -64,6 +76,8 @@ log = logging.getLogger("mmprep.operator.reconcile")
 OutcomeKind = Literal["done", "decided", "waiting", "invalid", "gone", "error"]
 # After a probe's deadline, look again even if no Job event arrived (lost watch events happen).
 _PROBE_GRACE_SECONDS: Final = 30.0
+#: How often a waiting probe's Job and pods are read again.
+_PROBE_POLL_SECONDS: Final = 30.0
 
 
 class ReadAgain(enum.Enum):
@@ -127,6 +141,7 @@ class Reconciler:
     calibrations: CalibrationJobs = dataclasses.field(init=False)
     applier: ChildApplier = dataclasses.field(init=False)
     autoscalers: AutoscalerDetector = dataclasses.field(init=False)
+    reference_checker: ReferenceChecker = dataclasses.field(init=False)
     events: EventPoster = dataclasses.field(init=False)
     writer: StatusWriter = dataclasses.field(init=False)
     #: The pool grouping of the current nodes per placement, shared by resources that share one.
@@ -139,6 +154,7 @@ class Reconciler:
         self.calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
         self.applier = ChildApplier(self.kube, self.children)
         self.autoscalers = AutoscalerDetector(self.kube)
+        self.reference_checker = ReferenceChecker(self.kube)
         self.events = EventPoster(self.kube, self.clock, background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
 
@@ -209,6 +225,24 @@ class Reconciler:
             obs = status.Observation(generation, selector, spec_error=api.describe_validation_error(e))
             return await self._finish(read, obs, Outcome("invalid"))
 
+        missing = await self.reference_checker.missing(namespace, spec)
+        if missing:
+            # Held: no probe, no apply, no prune; the status keeps the pools that serve.
+            previous = read.previous
+            kept = previous.pools if previous is not None else []
+            obs = status.Observation(
+                generation,
+                selector,
+                probe=previous.probe if previous is not None else None,
+                problem=references.problem(missing, namespace),
+                held=True,
+                deployments={
+                    p.deployment: self.children.deployment_state(namespace, p.deployment) or status.DeploymentState()
+                    for p in kept
+                },
+            )
+            return await self._finish(read, obs, Outcome("waiting", requeue_after=RECHECK_SECONDS))
+
         hash_ = probe.probe_hash(spec, self.policy, annotations.get(probe.ANNOTATION_REPROBE))
         probe_status = self.probes.known(owner, hash_, read.previous)
         if probe_status is None:
@@ -220,7 +254,9 @@ class Reconciler:
             if probe_status.state == "Failed":
                 return await self._finish(read, obs, Outcome("waiting"))
             deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
-            waiting = Outcome("waiting", requeue_after=deadline + _PROBE_GRACE_SECONDS)
+            # Probe pods are not watched: a pod that cannot start (a missing Secret, which the
+            # operator may not read) changes no Job status, so look at it again soon.
+            waiting = Outcome("waiting", requeue_after=min(deadline + _PROBE_GRACE_SECONDS, _PROBE_POLL_SECONDS))
             return await self._finish(read, obs, waiting)
 
         pooling = self._poolings.pooling_for(list(self.nodes()), spec)

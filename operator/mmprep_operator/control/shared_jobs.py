@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from mmprep_operator.kube import Conflict, KubeApi
-from mmprep_operator.logic import identity, jobs
+from mmprep_operator.logic import identity
 
 log = logging.getLogger("mmprep.operator.shared_jobs")
 
@@ -52,7 +52,8 @@ async def read_or_create_job(
     kube: KubeApi, owner: identity.Owner, name: str, render_job: Callable[[], dict[str, Any]]
 ) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
     """The Job ``name`` (created from ``render_job()`` when missing), whether this resource created
-    it, and its pods once it finished (their termination messages hold the answer).
+    it, and its pods (a finished one's termination messages hold the answer; a running one's
+    waiting state says why it cannot start).
 
     A Job that exists, or that another resource created first (``create_job`` answers with it),
     gets this resource as one more owner.
@@ -64,5 +65,5 @@ async def read_or_create_job(
         created = owned_by(job, owner)
     if not created:
         await share_job(kube, owner, job)  # a no-op when the resource is an owner already
-    pods = await kube.list_pods(owner.namespace, f"job-name={name}") if jobs.finished(job) else []
+    pods = [] if created else await kube.list_pods(owner.namespace, f"job-name={name}")
     return job, created, pods

@@ -69,6 +69,10 @@ class Reason:
     IMAGE_PLATFORM_MISSING: Final = "ImagePlatformMissing"
     APPLY_FAILED: Final = "ApplyFailed"
     NAME_CONFLICT: Final = "NameConflict"
+    #: An object the pods name is missing (``references``): the reason names its kind.
+    SECRET_NOT_FOUND: Final = "SecretNotFound"
+    CONFIG_MAP_NOT_FOUND: Final = "ConfigMapNotFound"
+    PERSISTENT_VOLUME_CLAIM_NOT_FOUND: Final = "PersistentVolumeClaimNotFound"
 
     # A pool's problem (``pools[].problem``), and Ready's reason when it is the only one.
     UNSCHEDULABLE: Final = "Unschedulable"

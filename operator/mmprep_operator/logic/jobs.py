@@ -55,23 +55,22 @@ def render_answering_job(
         "env": pod_parts.model_env(spec),
         "resources": resources,
         "volumeMounts": mounts,
-        "securityContext": pod_parts.container_security_context(),
+        "securityContext": pod_parts.container_security_context(spec),
         "terminationMessagePath": pod_parts.TERMINATION_LOG,
         # When the run dies before writing its JSON, the log tail is the best explanation there is.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if env_from := pod_parts.env_from(spec):
+        container["envFrom"] = env_from
     if (pull := pod_parts.pull_policy_of(spec, policy)) is not None:
         container["imagePullPolicy"] = pull
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "securityContext": pod_parts.pod_security_context(),
+        **pod_parts.pod_identity(spec),
         "containers": [container],
         "volumes": volumes,
         **placement,
     }
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
     meta: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": dict(labels)}
     if owner.uid:
         meta["ownerReferences"] = [owner.reference(controller=False)]
@@ -83,7 +82,7 @@ def render_answering_job(
             "backoffLimit": backoff_limit,
             "activeDeadlineSeconds": deadline_seconds,
             "ttlSecondsAfterFinished": ttl_seconds,
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+            "template": {"metadata": pod_parts.pod_metadata(spec, labels), "spec": pod_spec},
         },
     }
 

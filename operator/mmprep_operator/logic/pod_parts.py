@@ -1,8 +1,9 @@
 """The pieces every runtime pod is made of, whichever object runs it: the serving Deployment's pods
 and the probe and calibration Jobs' pods.
 
-Image and pull policy, the restricted security contexts, the flags that say what loads (and so
-join the probe hash), the model's env, volumes and mounts. Pure.
+Image and pull policy, the restricted security contexts with the resource's additions, the flags
+that say what loads (and so join the probe hash), the model's env, volumes and mounts, the pod's
+labels, annotations, pull secrets and service account. Pure.
 
 Neighbours: ``render`` (the Deployment), ``jobs`` (the Jobs that answer through their
 termination message), ``identity`` (labels and names).
@@ -10,6 +11,7 @@ termination message), ``identity`` (labels and names).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from mmprep_operator import api
@@ -31,25 +33,52 @@ def pull_policy_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy)
     return spec.image_pull_policy or policy.image_pull_policy
 
 
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "fsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def pod_security_context(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:
+    """The restricted baseline with the resource's additions (``api.security`` says which).
+
+    A resource that sets ``podSecurityContext`` (even ``{}``) owns the user, group and fsGroup ids:
+    a platform that assigns them (OpenShift's restricted SCC) refuses pods that name their own.
+    """
+    own = spec.pod_security_context
+    ids = {"runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS} if own is None else {}
+    enforced = {"runAsNonRoot": True}
+    # The enforced key first and again last: it keeps its place and its value.
+    return {**enforced, **ids, "seccompProfile": {"type": "RuntimeDefault"}, **(own or {}), **enforced}
 
 
-def container_security_context() -> dict[str, Any]:
-    # restricted Pod Security Standard, plus a read-only root: caches go to mounted volumes.
-    return {
+def container_security_context(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:
+    # restricted Pod Security Standard, plus a read-only root: caches go to mounted volumes. The
+    # baseline is written last, so no addition weakens it (the CRD refuses those that try).
+    own = dict(spec.security_context or {})
+    capabilities = {**(own.pop("capabilities", None) or {}), "drop": ["ALL"]}
+    own.pop("privileged", None)
+    enforced = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": capabilities,
     }
+    return {**enforced, "seccompProfile": {"type": "RuntimeDefault"}, **own, **enforced}
+
+
+def pod_metadata(spec: api.MultimodalPreprocessorSpec, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A pod template's metadata: the resource's pod labels and annotations, the operator's labels
+    last (the CRD refuses pod labels that would replace them; this order makes sure)."""
+    meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels}}
+    if spec.pod_annotations:
+        meta["annotations"] = dict(spec.pod_annotations)
+    return meta
+
+
+def pod_identity(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:
+    """The pod spec fields every runtime pod has: its security context, service account (whose
+    token it does not mount: the runtime never calls the API) and image pull secrets."""
+    out: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_security_context(spec)}
+    if spec.service_account_name:
+        out["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        out["imagePullSecrets"] = [dict(s) for s in spec.image_pull_secrets]
+    return out
 
 
 def model_args(spec: api.MultimodalPreprocessorSpec) -> list[str]:
@@ -69,16 +98,20 @@ def model_args(spec: api.MultimodalPreprocessorSpec) -> list[str]:
 
 def model_env(spec: api.MultimodalPreprocessorSpec) -> list[dict[str, Any]]:
     """User env first, then the cache location: later entries win in Kubernetes."""
-    env = [e.wire() for e in spec.env]
+    env = [dict(e) for e in spec.env]
     if spec.model.cache_volume:
         env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
     return env
 
 
+def env_from(spec: api.MultimodalPreprocessorSpec) -> list[dict[str, Any]]:
+    return [dict(e) for e in spec.env_from]
+
+
 def model_volumes(spec: api.MultimodalPreprocessorSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, container mounts): the user's, the cache mount, and a writable /tmp."""
-    volumes = [v.wire() for v in spec.volumes] + [{"name": TMP_VOLUME, "emptyDir": {}}]
-    mounts = [m.wire() for m in spec.volume_mounts] + [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    volumes = [dict(v) for v in spec.volumes] + [{"name": TMP_VOLUME, "emptyDir": {}}]
+    mounts = [dict(m) for m in spec.volume_mounts] + [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if spec.model.cache_volume:
         mounts.append({"name": spec.model.cache_volume, "mountPath": CACHE_MOUNT})
     return volumes, mounts

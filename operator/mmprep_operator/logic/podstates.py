@@ -12,6 +12,7 @@ one ``PoolProblem`` per pool out; the reconciler reads the pods as the watch kee
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -33,6 +34,24 @@ _STUCK_WAITING: Final = frozenset(
     }
 )
 _MESSAGE_LIMIT: Final = 512
+#: The kubelet's words for a container whose env names a missing object (CreateContainerConfigError:
+#: ``secret "hub-token" not found``, ``configmap "x" not found``), and the scheduler's for a missing
+#: claim. The operator does not read Secrets or ConfigMaps itself, so this is how it learns of one.
+_MISSING_OBJECT: Final = re.compile(r'\b(secret|configmap|persistentvolumeclaim) "[^"]+" not found')
+_MISSING_REASONS: Final = {
+    "secret": Reason.SECRET_NOT_FOUND,
+    "configmap": Reason.CONFIG_MAP_NOT_FOUND,
+    "persistentvolumeclaim": Reason.PERSISTENT_VOLUME_CLAIM_NOT_FOUND,
+}
+
+#: The reasons that name a missing object: a wait that only the user can end.
+MISSING_OBJECT_REASONS: Final = frozenset(_MISSING_REASONS.values())
+
+
+def _named_reason(reason: str, message: str) -> str:
+    """``reason``, or the missing object's kind when the message names one."""
+    found = _MISSING_OBJECT.search(message)
+    return _MISSING_REASONS[found.group(1)] if found else reason
 
 
 def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> tuple[str, str] | None:
@@ -42,7 +61,8 @@ def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> t
     for condition in status.get("conditions") or ():
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             # The scheduler's own words: "0/7 nodes are available: 2 Insufficient cpu, ...".
-            return condition.get("reason") or Reason.UNSCHEDULABLE, _clip(condition.get("message") or "no node fits the pod")
+            message = condition.get("message") or "no node fits the pod"
+            return _named_reason(condition.get("reason") or Reason.UNSCHEDULABLE, message), _clip(message)
     for container in status.get("containerStatuses") or ():
         if container.get("ready"):
             continue
@@ -59,7 +79,8 @@ def pod_problem(pod: Mapping[str, Any], runtime_container: str = "runtime") -> t
             return reason, _clip(f"container {container.get('name')} exited with code {code}: {said}")
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in _STUCK_WAITING:
-            return str(waiting["reason"]), _clip(waiting.get("message") or waiting["reason"])
+            message = waiting.get("message") or waiting["reason"]
+            return _named_reason(str(waiting["reason"]), message), _clip(message)
     return None
 
 

@@ -2,7 +2,7 @@
 
 The probe loads the processor once in the runtime image and reports (as JSON in the container's
 termination message) whether it can be deep-copied and which path it takes. Its answer depends
-only on what loads: image, model source, revision, trustRemoteCode, volumes, mounts and env. The
+only on what loads: image, model source, revision, trustRemoteCode, volumes, mounts, env and envFrom. The
 hash of exactly those fields names the Job, so resources in a namespace that serve the same model
 share one probe, and changing replicas, workers or placement never re-probes. The annotation
 ``mmprep.dev/reprobe`` (any value) joins the hash, so a user can ask for a fresh probe after
@@ -20,18 +20,19 @@ from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import identity, jobs, naming, pod_parts
+from mmprep_operator.logic import identity, jobs, naming, pod_parts, podstates
 from mmprep_operator.logic.conditions import Reason
 from mmprep_runtime.contract import ContractError, json_object
 
 LABEL_COMPONENT_PROBE: Final = "probe"
 LABEL_PROBE_HASH: Final = "mmprep.dev/probe-hash"
 ANNOTATION_REPROBE: Final = "mmprep.dev/reprobe"
+PROBE_CONTAINER: Final = "probe"
 
 
 def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> dict[str, Any]:
     volumes, mounts = pod_parts.model_volumes(spec)
-    return {
+    inputs: dict[str, Any] = {
         "image": pod_parts.image_of(spec, policy),
         "args": pod_parts.model_args(spec),
         "env": pod_parts.model_env(spec),
@@ -39,6 +40,10 @@ def probe_inputs(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, r
         "mounts": mounts,
         "reprobe": reprobe,
     }
+    if spec.env_from:
+        # Only when set: the hashes of resources without it stay what they were (no re-probe).
+        inputs["envFrom"] = pod_parts.env_from(spec)
+    return inputs
 
 
 def probe_hash(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, reprobe: str | None = None) -> str:
@@ -59,7 +64,7 @@ def render_job(owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, poli
         name=job_name(hash_),
         component=LABEL_COMPONENT_PROBE,
         labels={LABEL_PROBE_HASH: hash_},
-        container_name="probe",
+        container_name=PROBE_CONTAINER,
         command=["mmprep-runtime", "probe", *pod_parts.model_args(spec), "--termination-log", pod_parts.TERMINATION_LOG],
         resources=policy.probe.resources,
         placement=placement(spec),
@@ -91,7 +96,9 @@ def placement(spec: api.MultimodalPreprocessorSpec) -> dict[str, Any]:
 class ProbeOutcome:
     state: api.ProbeState
     result: api.ProbeResult | None = None
-    reason: str | None = None  # for Failed: ProbeFailed, ProbeTimedOut, ProbeOutputUnreadable
+    #: Failed: ProbeFailed, ProbeTimedOut, ProbeOutputUnreadable; Pending or Running: why its pod
+    #: cannot start (SecretNotFound, Unschedulable, ...), when it cannot.
+    reason: str | None = None
     message: str | None = None
 
 
@@ -136,4 +143,12 @@ def read_outcome(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]
             )
         return ProbeOutcome("Failed", reason=Reason.PROBE_FAILED, message=f"the model did not load: {detail}")
     active = (job.get("status") or {}).get("active") or 0
-    return ProbeOutcome("Running" if active else "Pending")
+    state: api.ProbeState = "Running" if active else "Pending"
+    # A probe pod that names a missing Secret, ConfigMap or claim says so: the probe then waits
+    # with that reason instead of a silent Pending until its deadline. (Other waits, an image
+    # being pulled or a node being found, resolve on their own and stay plain Pending.)
+    problems = (podstates.pod_problem(pod, PROBE_CONTAINER) for pod in pods)
+    stuck = next((p for p in problems if p is not None and p[0] in podstates.MISSING_OBJECT_REASONS), None)
+    if stuck is not None:
+        return ProbeOutcome(state, reason=stuck[0], message=f"the probe pod cannot start: {stuck[1]}")
+    return ProbeOutcome(state)

@@ -33,11 +33,13 @@ from mmprep_operator.logic.pod_parts import (
     CONTAINER_NAME,
     TERMINATION_LOG,
     container_security_context,
+    env_from,
     image_of,
     model_args,
     model_env,
     model_volumes,
-    pod_security_context,
+    pod_identity,
+    pod_metadata,
     pull_policy_of,
 )
 from mmprep_operator.logic.pools import ARCH_LABEL, ARM64, Pool, pool_arch
@@ -92,10 +94,32 @@ class Serving:
 
 
 def serving_of(spec: api.MultimodalPreprocessorSpec | None) -> Serving:
-    if spec is None or spec.api == "mmprep":
+    if spec is None:
         return Serving(RUNTIME_PORT, "/readyz")
+    limits = tuple(runtime_flags(spec.serving))
+    if spec.api == "mmprep":
+        return Serving(RUNTIME_PORT, "/readyz", limits)
     # vLLM's own readiness path, so probes and load balancers configured for vLLM keep working.
-    return Serving(VLLM_RENDER_PORT, "/health", ("--normalized-pixels",) if spec.normalized_pixels else ())
+    return Serving(VLLM_RENDER_PORT, "/health", (*(("--normalized-pixels",) if spec.normalized_pixels else ()), *limits))
+
+
+def runtime_flags(serving: api.ServingSpec) -> list[str]:
+    """``spec.serving`` as ``mmprep-runtime serve`` flags: only the fields set, so that an unset one
+    keeps the runtime's default (one definition of it: the runtime's settings)."""
+    flags = {
+        "--served-model-name": serving.served_model_name,
+        "--max-model-len": serving.max_model_len,
+        "--deadline": None if serving.request_deadline_seconds is None else f"{serving.request_deadline_seconds:g}",
+        "--queue-size": serving.queue_size,
+        "--max-images": serving.max_images_per_request,
+        "--max-body-bytes": serving.max_body_bytes,
+        "--fetch-allowed-networks": None if serving.fetch_allowed_networks is None else ",".join(serving.fetch_allowed_networks),
+    }
+    out: list[str] = []
+    for flag, value in flags.items():
+        if value is not None:
+            out += [flag, str(value)]
+    return out
 
 
 def render_deployment(
@@ -129,9 +153,11 @@ def render_deployment(
         "startupProbe": {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 120},
         "resources": spec.resources.wire(),
         "volumeMounts": mounts,
-        "securityContext": container_security_context(),
+        "securityContext": container_security_context(spec),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if envs_from := env_from(spec):
+        container["envFrom"] = envs_from
     if (pull := pull_policy_of(spec, policy)) is not None:
         container["imagePullPolicy"] = pull
     pod_spec: dict[str, Any] = {
@@ -142,14 +168,11 @@ def render_deployment(
         # holding one would go on sending to this pod past the sleep); an exec hook needs a
         # `sleep` in whatever image a resource names, and the sleep action Kubernetes 1.30.
         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds,
-        "automountServiceAccountToken": False,
-        "securityContext": pod_security_context(),
+        **pod_identity(spec),
         "containers": [container],
         "volumes": volumes,
         **_placement(spec, d.pool),
     }
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
     if spec.priority_class_name:
@@ -177,7 +200,7 @@ def render_deployment(
             **({"replicas": replicas} if replicas is not None else {}),
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": pod_metadata(spec, labels), "spec": pod_spec},
         },
     }
 

@@ -74,6 +74,9 @@ class Observation:
     #: pool -> who autoscales it (only with spec.autoscaling), and its HPA or ScaledObject as watched.
     scaling: Mapping[str, autoscaling.PoolScaling] = dataclasses.field(default_factory=dict)
     autoscalers: Mapping[str, Mapping[str, object] | None] = dataclasses.field(default_factory=dict)
+    #: Nothing was planned or applied (``problem`` says why: a missing Secret, ...): the pools
+    #: that serve stay in the status as they were, and so does the probe.
+    held: bool = False
 
 
 def timestamp(now: datetime) -> str:
@@ -126,7 +129,11 @@ def _probe_conditions(probe: api.ProbeStatus | None) -> tuple[tuple[Status, str,
             "the probe did not answer",
         )
     waiting = Reason.PROBE_RUNNING if probe.state == "Running" else Reason.PROBE_PENDING
-    return ("False", waiting, f"waiting for probe Job {probe.job}"), ("Unknown", Reason.NOT_PROBED, "waiting for the probe")
+    if probe.reason:  # its pod cannot start, and says why
+        waiting_for: tuple[Status, str, str] = ("False", probe.reason, probe.message or f"probe Job {probe.job} cannot start")
+    else:
+        waiting_for = ("False", waiting, f"waiting for probe Job {probe.job}")
+    return waiting_for, ("Unknown", Reason.NOT_PROBED, "waiting for the probe")
 
 
 def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
@@ -176,7 +183,7 @@ def _autoscaling_condition(scaling: Mapping[str, autoscaling.PoolScaling]) -> tu
 def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, now: datetime) -> api.MultimodalPreprocessorStatus:
     previous = previous or api.MultimodalPreprocessorStatus()
     generation = obs.generation
-    planned = obs.probe is not None and obs.probe.state == "Succeeded"
+    planned = obs.probe is not None and obs.probe.state == "Succeeded" and not obs.held
     # Without a usable probe nothing was planned and the Deployments were left as they are, so
     # the pools they serve stay in the status (the conditions say why nothing moves).
     pools = [_pool_status(d, obs) for d in obs.decisions] if planned else list(previous.pools)
@@ -187,6 +194,8 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     rolling = [p.name for p in pools if not obs.deployments.get(p.deployment, DeploymentState()).rolled_out(p.replicas)]
 
     probed, cloneable = _probe_conditions(obs.probe)
+    if obs.held and obs.probe is None and obs.problem is not None:
+        probed = ("Unknown", Reason.NOT_PROBED, f"not probed: {obs.problem.message}")
     probe_failed = obs.probe is not None and obs.probe.state == "Failed"
     not_honoured = [p for p in pools if p.explicit_not_honoured is not None]
     autoscaling_cond = _autoscaling_condition(obs.scaling) if obs.scaling else None
@@ -200,6 +209,10 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
         blocking = obs.problem.blocks_ready
     elif probe_failed:
         degraded = ("True", probed[1], probed[2])
+    elif obs.probe is not None and obs.probe.state in ("Pending", "Running") and obs.probe.reason:
+        # The probe's pod cannot start (a missing Secret): the pods that serve are left as they are.
+        degraded = ("True", probed[1], probed[2])
+        blocking = False
     elif not_honoured:
         p = not_honoured[0]
         degraded = (

@@ -61,7 +61,9 @@ def _model_config(model: str) -> dict[str, Any]:
 def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
     config = _model_config(facts.model)
     text_config = config.get("text_config") or config
-    max_len = text_config.get("max_position_embeddings") or config.get("max_position_embeddings") or 2048
+    max_len = (
+        settings.max_model_len or text_config.get("max_position_embeddings") or config.get("max_position_embeddings") or 2048
+    )
     token_id = getattr(processor, "image_token_id", None)
     if token_id is None and facts.image_token:
         token_id = processor.tokenizer.convert_tokens_to_ids(facts.image_token)

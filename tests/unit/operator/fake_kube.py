@@ -123,6 +123,9 @@ class FakeKubeApi:
         obj = self.cluster_objects.get((kind, name))
         return copy.deepcopy(obj) if obj is not None else None
 
+    async def object_exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        return (kind, namespace, name) in self.objects
+
     def add_foreign(self, kind: str, name: str, body: dict[str, Any], namespace: str = "ns") -> None:
         """An object someone else wrote (another field manager owns its fields)."""
         self.objects[(kind, namespace, name)] = {"kind": kind, "metadata": {"name": name, "namespace": namespace}, **body}

@@ -52,6 +52,13 @@ def test_schema_is_structural() -> None:
     assert "&id" not in COMMITTED.read_text()
 
 
+def test_the_crd_fits_a_client_side_apply() -> None:
+    # kubectl's client-side apply stores the whole object in an annotation, and all of an object's
+    # annotations together may hold 256 KiB; the docs' `kubectl apply -f crds/` relies on it.
+    as_json = json.dumps(crd.build_crd(), separators=(",", ":"))
+    assert len(as_json) < 200 * 1024, len(as_json)
+
+
 def test_names_subresources_and_columns_follow_the_contract() -> None:
     doc = yaml.safe_load(COMMITTED.read_text())
     assert doc["metadata"]["name"] == "multimodalpreprocessors.mmprep.dev"
@@ -76,8 +83,15 @@ def test_schema_carries_descriptions_defaults_bounds_and_cel() -> None:
     assert props["backend"]["enum"] == ["auto", "pil", "torchvision"] and props["backend"]["default"] == "auto"
     assert props["workers"]["properties"]["processor"]["minimum"] == 1
     assert props["workers"]["properties"]["processor"]["maximum"] == 64
-    assert props["resources"]["properties"]["limits"]["additionalProperties"] == {"x-kubernetes-int-or-string": True}
-    assert props["affinity"]["x-kubernetes-preserve-unknown-fields"] is True
+    quantity = props["resources"]["properties"]["limits"]["additionalProperties"]
+    assert quantity["x-kubernetes-int-or-string"] is True and quantity["pattern"].startswith("^(\\+|-)?")
+    # Upstream-typed pod fields: closed schemas (a typo is an unknown field), upstream's list keys.
+    assert "x-kubernetes-preserve-unknown-fields" not in props["affinity"]
+    assert "nodeAffinity" in props["affinity"]["properties"]
+    for field, key in (("volumes", "name"), ("env", "name"), ("volumeMounts", "mountPath"), ("imagePullSecrets", "name")):
+        assert props[field]["x-kubernetes-list-type"] == "map" and props[field]["x-kubernetes-list-map-keys"] == [key]
+    status = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["properties"]["pools"]["x-kubernetes-list-map-keys"] == ["name"]
     rules = json.dumps(spec["x-kubernetes-validations"]) + json.dumps(props["model"]["x-kubernetes-validations"])
     assert "has(self.path) != has(self.id)" in rules
     assert "self.device == 'cuda'" in rules
@@ -88,6 +102,7 @@ def test_schema_carries_descriptions_defaults_bounds_and_cel() -> None:
         and isinstance(node, dict)
         and "type" in node
         and "description" not in node
-        and not p.endswith(("items", "additionalProperties"))
+        # (a ".properties" node is the map of fields itself, which may hold one named "type")
+        and not p.endswith(("items", "additionalProperties", ".properties"))
     ]
     assert not missing, f"fields without description (kubectl explain shows nothing): {missing}"

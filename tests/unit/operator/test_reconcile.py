@@ -22,7 +22,7 @@ def cluster() -> Cluster:
 async def test_first_reconcile_starts_a_probe_and_waits(cluster: Cluster) -> None:
     cluster.api.add_resource("m", GPU_SPEC)
     outcome = await cluster.reconcile()
-    assert outcome.kind == "waiting" and outcome.requeue_after == 330
+    assert outcome.kind == "waiting" and outcome.requeue_after == 30
     job = cluster.api.objects[("Job", "ns", cluster.job_name())]
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
     assert cluster.condition("Probed") == ("False", "ProbePending")

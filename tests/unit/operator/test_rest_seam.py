@@ -45,11 +45,12 @@ class FakeServer:
                 "query": dict(request.query),
                 "content_type": request.headers.get("Content-Type"),
                 "auth": request.headers.get("Authorization"),
+                "accept": request.headers.get("Accept"),
                 "body": json.loads(body) if body else None,
             }
         )
         path, method = request.path, request.method
-        if path.endswith("/multimodalpreprocessors/absent"):
+        if path.endswith(("/multimodalpreprocessors/absent", "/persistentvolumeclaims/absent")):
             return status(404, "NotFound", "not found")
         if path.endswith("/deployments/bad"):
             return status(422, "Invalid", 'Deployment.apps "bad" is invalid: spec.template.spec.volumes[0]: Required value')
@@ -157,6 +158,19 @@ async def test_rejections_carry_the_servers_message_and_permanence(seam) -> None
     assert "volumes[0]: Required value" in caught.value.message
     with pytest.raises(ValueError, match="does not write ConfigMap"):
         await api.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}, force=True)
+
+
+async def test_a_referenced_object_is_looked_up_as_metadata_only(seam) -> None:
+    api, fake = seam
+    assert await api.object_exists("v1", "PersistentVolumeClaim", "ns", "absent") is False
+    req = fake.requests[-1]
+    assert (req["method"], req["path"]) == ("GET", "/api/v1/namespaces/ns/persistentvolumeclaims/absent")
+    # PartialObjectMetadata: nothing but the metadata is fetched.
+    assert req["accept"].startswith("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+    assert await api.object_exists("v1", "PersistentVolumeClaim", "ns", "models") is True
+    with pytest.raises(ValueError, match="does not look up Secret"):
+        await api.object_exists("v1", "Secret", "ns", "s")  # the operator does not read Secrets
+    assert fake.requests[-1]["path"] == "/api/v1/namespaces/ns/persistentvolumeclaims/models"
 
 
 async def test_creating_an_existing_job_returns_it_and_owner_conflicts_surface(seam) -> None:

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from support.typed_fields import REJECTIONS
 
 from mmprep_operator import api
-from mmprep_operator.api import crd
+from mmprep_operator.api import crd, security
 
 CPU = {"requests": {"cpu": "1"}}
 
@@ -99,6 +100,40 @@ VIOLATIONS = [
     ({"model": {"path": "/m"}, "drain": {"seconds": 30, "gracePeriodSeconds": 35}}, "drain.gracePeriodSeconds must be at least"),
     # The defaulted grace period (45) is checked too: a longer window alone is refused.
     ({"model": {"path": "/m"}, "drain": {"seconds": 40}}, "drain.gracePeriodSeconds must be at least drain.seconds + 6"),
+    ({"model": {"path": "/m"}, "podLabels": {"app.kubernetes.io/name": "x"}}, "podLabels may not set the operator's own labels"),
+    (
+        {"model": {"path": "/m"}, "podAnnotations": {"mmprep.dev/reprobe": "1"}},
+        "podAnnotations may not set the operator's own mmprep.dev/* annotations",
+    ),
+    ({"model": {"path": "/m"}, "podSecurityContext": {"runAsNonRoot": False}}, "podSecurityContext.runAsNonRoot cannot be false"),
+    ({"model": {"path": "/m"}, "podSecurityContext": {"runAsUser": 0}}, "podSecurityContext.runAsUser cannot be 0"),
+    (
+        {"model": {"path": "/m"}, "podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        "podSecurityContext.seccompProfile cannot be Unconfined",
+    ),
+    ({"model": {"path": "/m"}, "securityContext": {"privileged": True}}, "securityContext.privileged cannot be true"),
+    (
+        {"model": {"path": "/m"}, "securityContext": {"allowPrivilegeEscalation": True}},
+        "securityContext.allowPrivilegeEscalation cannot be true",
+    ),
+    (
+        {"model": {"path": "/m"}, "securityContext": {"readOnlyRootFilesystem": False}},
+        "securityContext.readOnlyRootFilesystem cannot be false",
+    ),
+    ({"model": {"path": "/m"}, "securityContext": {"runAsNonRoot": False}}, "securityContext.runAsNonRoot cannot be false"),
+    ({"model": {"path": "/m"}, "securityContext": {"runAsUser": 0}}, "securityContext.runAsUser cannot be 0"),
+    (
+        {"model": {"path": "/m"}, "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+        "securityContext.capabilities.add may only hold NET_BIND_SERVICE",
+    ),
+    (
+        {"model": {"path": "/m"}, "securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        "securityContext.seccompProfile cannot be Unconfined",
+    ),
+    (
+        {"model": {"path": "/m"}, "serving": {"fetchAllowedNetworks": ["10.0.0.0/33"]}},
+        "serving.fetchAllowedNetworks must hold IP networks",
+    ),
 ]
 
 
@@ -114,6 +149,21 @@ def test_pydantic_rejects_what_cel_rejects_with_the_same_words(spec: dict, messa
         api.MultimodalPreprocessorSpec.model_validate(spec)
     assert message in str(caught.value)
     assert any(m.startswith(message) for m in cel_messages())
+
+
+@pytest.mark.parametrize("case", [r for r in REJECTIONS if r.models_say], ids=lambda r: r.id)
+def test_the_models_reject_a_malformed_pod_field_as_the_api_server_does(case: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        api.MultimodalPreprocessorSpec.model_validate({"model": {"path": "/m"}, **case.fields})
+    assert case.models_say in str(caught.value)
+
+
+def test_the_security_rules_accept_what_the_operator_itself_renders() -> None:
+    from mmprep_operator.logic import pod_parts
+
+    spec = api.MultimodalPreprocessorSpec.model_validate({"model": {"path": "/m"}})
+    assert security.broken(security.POD_RULES, pod_parts.pod_security_context(spec)) == []
+    assert security.broken(security.CONTAINER_RULES, pod_parts.container_security_context(spec)) == []
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,9 @@ async def images() -> AsyncIterator[str]:
 
 @pytest.fixture
 def start_render(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Callable[..., Awaitable[Running]]:
-    async def start(folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False, limits: Limits = Limits()) -> Running:
+    async def start(
+        folder, *, allowed: str = "127.0.0.1/32", normalized: bool = False, limits: Limits = Limits(), **render: Any
+    ) -> Running:
         fetch = FetchSettings(allowed_networks=parse_networks(allowed), max_bytes=200_000, read_timeout_s=1.0)
         settings = ServeSettings(
             model=ModelSettings(str(folder), device=Device.CPU),
@@ -99,7 +101,7 @@ def start_render(serve: Callable[[ServeSettings], Awaitable[Served]]) -> Callabl
             processor_workers=1,
             io_workers=2,
             limits=limits,
-            render=RenderSettings(normalized_pixels=normalized, fetch=fetch),
+            render=RenderSettings(normalized_pixels=normalized, fetch=fetch, **render),
         )
         served = await serve(settings)
         return Running(served.url, served.app, served.client)
@@ -163,6 +165,17 @@ async def test_models_and_health_answer_like_vllm(start_render, qwen_dir):
     status, answer = await running.render({"prompt": "The quick brown fox", "max_tokens": 5}, "/v1/completions/render")
     assert status == 200 and isinstance(answer, list) and answer[0]["sampling_params"]["max_tokens"] == 5
     assert "features" not in answer[0]
+
+
+async def test_the_served_name_and_context_length_can_be_set_as_vllm_does(start_render, qwen_dir):
+    running = await start_render(qwen_dir, served_model_name="qwen", max_model_len=8)
+    async with running.client.get(running.url + "/v1/models") as response:
+        card = (await response.json())["data"][0]
+    assert card["id"] == "qwen" and card["max_model_len"] == 8
+    status, answer = await running.render(
+        {"model": "qwen", "prompt": "one two three four five six seven eight nine ten", "max_tokens": 1}, "/v1/completions/render"
+    )
+    assert status == 400 and "maximum context length (8)" in str(answer), answer
 
 
 def _bad_inputs(images: str) -> list[tuple[str, Any, int, str]]:
