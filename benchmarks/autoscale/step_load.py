@@ -153,7 +153,16 @@ def main() -> int:
         for name in (ELASTIC, FIXED):
             url = f"http://{name}:8080/v1/preprocess"
             loads.append(
-                start_load(kube, NAMESPACE, image=args.image, url=url, schedule=schedule, duration=args.duration, text=text)
+                start_load(
+                    kube,
+                    NAMESPACE,
+                    image=args.image,
+                    url=url,
+                    schedule=schedule,
+                    duration=args.duration,
+                    text=text,
+                    extra_args=("--image-side", str(args.image_side)),
+                )
             )
         results = {name: load.result(args.duration + 300) for name, load in zip((ELASTIC, FIXED), loads, strict=True)}
         stop.set()
