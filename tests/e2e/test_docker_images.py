@@ -175,8 +175,10 @@ def _docker_args(pod: dict, host_paths: dict[str, Path], *, image: str = RUNTIME
         if "value" in e:
             args += ["-e", f"{e['name']}={e['value']}"]
         else:
-            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace", f"env {e['name']}: {e}"
-            args += ["-e", f"{e['name']}={namespace}"]
+            # The downward API fields the chart uses: the pod's namespace and name.
+            field = e["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field in ("metadata.namespace", "metadata.name"), f"env {e['name']}: {e}"
+            args += ["-e", f"{e['name']}={namespace if field == 'metadata.namespace' else 'pod-run-by-docker'}"]
     if c.get("command"):
         return [*args, "--entrypoint", c["command"][0], image, *c["command"][1:], *c.get("args", [])]
     return [*args, image, *c.get("args", [])]  # the image's ENTRYPOINT, as in the chart
