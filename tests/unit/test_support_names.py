@@ -29,3 +29,14 @@ def test_no_helper_is_named_like_an_installed_module() -> None:
         if spec is not None and spec.origin and Path(spec.origin).resolve() != helper.resolve():
             shadowing.append(f"{helper.name} shadows {spec.origin}")
     assert not shadowing, shadowing
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    """The tiers' folders are not packages, so pytest imports each test file by its bare name: two
+    files named alike in two tiers stop the whole session at collection (`make unit` alone, which
+    collects one tier, would not show it)."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
