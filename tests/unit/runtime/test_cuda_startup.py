@@ -17,7 +17,9 @@ from mmprep_runtime.commands import measuring, serve
 from mmprep_runtime.engine import cuda, loading, patches
 from mmprep_runtime.settings import ModelSettings
 
-TIMEOUT = 180
+# A deadline: on a loaded machine (the kind bring-up beside) importing torch alone can take minutes.
+TIMEOUT = 420
+pytestmark = pytest.mark.timeout(2 * TIMEOUT)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the failure path is not reachable")
