@@ -484,6 +484,18 @@ def test_the_readmes_first_resource_goes_ready_on_kind_and_answers(kind: KindClu
         )
     )
     volume = f"readme-{namespace}"
+    # The folder as an NFS export would be: writable by the pods' user (hostPath ignores fsGroup).
+    subprocess.run(["docker", "exec", GPU_NODE, "mkdir", "-m", "0777", f"/mmprep-shared/{volume}"], check=True, timeout=60)
+    # The claim names no class, so it gets the cluster's default one, if any: the volume must match.
+    classes = client.StorageV1Api(kube.api).list_storage_class().items
+    default_class = next(
+        (
+            c.metadata.name
+            for c in classes
+            if (c.metadata.annotations or {}).get("storageclass.kubernetes.io/is-default-class") == "true"
+        ),
+        "",
+    )
     kube.core.create_persistent_volume(
         {
             "apiVersion": "v1",
@@ -493,7 +505,8 @@ def test_the_readmes_first_resource_goes_ready_on_kind_and_answers(kind: KindClu
                 "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
                 "accessModes": ["ReadWriteMany"],
                 "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": f"/mmprep-shared/{volume}", "type": "DirectoryOrCreate"},
+                "storageClassName": default_class,
+                "hostPath": {"path": f"/mmprep-shared/{volume}", "type": "Directory"},
                 "claimRef": {"namespace": namespace, "name": claim["metadata"]["name"]},
             },
         }
