@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from support.kind_bringup import BRINGUP, CLUSTER, KUBECONFIG, NAMESPACE, kind_down, kind_env
-from support.kind_load import LoadPod, start_load
+from support.kind_load import RESTRICTED, LoadPod, start_load
 from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
 from support.packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
 
@@ -52,14 +52,6 @@ KIND_POOLS = {"cpu", "nvidia-h200"}
 #: Sized for a two-core machine running the whole cluster: small requests instead of the examples'
 #: production ones (the decisions do not depend on them).
 SMALL = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}}
-#: Every pod the tests start passes the restricted Pod Security Standard the namespace enforces.
-RESTRICTED = {
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,12 +21,11 @@ from support.kube import REPO, Kube, wait_for
 LOADGEN = REPO / "benchmarks" / "autoscale" / "loadgen.py"
 CONFIGMAP = "mmprep-loadgen"
 STOP_FILE = "/tmp/stop"
-#: What every pod in the tests' namespace must meet (it enforces the restricted standard).
-RESTRICTED_CONTAINER = {
+#: What every pod in the kind tests' namespace must meet (it enforces the restricted standard).
+RESTRICTED = {
     "runAsNonRoot": True,
     "runAsUser": 65532,
     "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -108,7 +107,7 @@ def start_load(
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["python3", "/loadgen/loadgen.py", *args, *extra_args],
-                    "securityContext": RESTRICTED_CONTAINER,
+                    "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": True},
                     "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
                     "volumeMounts": [{"name": "loadgen", "mountPath": "/loadgen"}, {"name": "tmp", "mountPath": "/tmp"}],
                 }
