@@ -712,7 +712,9 @@ def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resou
         "deployments": {d.metadata.name: d.metadata.uid for d in kube.deployments(NAMESPACE)},
     }  # fmt: skip
     before = uids()
-    [operator_before] = _operator_pods(kube)
+    operators_before = {p.metadata.uid for p in _operator_pods(kube)}
+    assert operators_before, "no operator pod before the upgrade"
+    replicas = len(operators_before)
 
     kind.helm(
         "upgrade",
@@ -727,16 +729,15 @@ def test_helm_upgrade_keeps_everything_and_uninstall_keeps_the_crd_and_the_resou
         "--timeout",
         "300s",
     )
-    [operator_after] = wait_for(
-        lambda: [
-            p
-            for p in _operator_pods(kube)
-            if p.status.phase == "Running" and (p.metadata.annotations or {}).get("mmprep.dev/e2e")
-        ],
-        300,
-        what="the upgraded operator pod",
-    )
-    assert operator_after.metadata.uid != operator_before.metadata.uid
+
+    # Every replica is replaced by an upgraded one (the chart rolls them one at a time).
+    def all_upgraded() -> list[client.V1Pod] | None:
+        running = [p for p in _operator_pods(kube) if p.status.phase == "Running"]
+        upgraded = [p for p in running if (p.metadata.annotations or {}).get("mmprep.dev/e2e")]
+        return upgraded if len(upgraded) == replicas == len(running) else None
+
+    operators_after = wait_for(all_upgraded, 300, what=f"{replicas} upgraded operator pods")
+    assert not {p.metadata.uid for p in operators_after} & operators_before
     assert uids() == before
     wait_until_decided_and_ready(kube, NAMESPACE, name, expected, timeout=300)
 
