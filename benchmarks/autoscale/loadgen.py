@@ -14,7 +14,9 @@ one ``{"summary": ...}`` line. Outcomes, from the client's side:
 
 - ok: a 2xx answer;
 - retried: a refusal a client is told to retry (429, 503) or a connection refused before anything
-  was sent; retried (up to ``--retries`` times, after a short pause) and counted apart;
+  was sent; retried (up to ``--retries`` times, after a short pause) and counted apart, each
+  refusal also by its cause in ``refusals`` ({"http 429": n, "http 503": n, "connect refused": n}),
+  so a test can tell an overloaded pod's 429 from a 5xx;
 - failed: any other status, a timeout, or a connection dropped after the request was sent (the
   request may be lost), or retries exhausted. A graceful scale-down must leave this at zero.
 """
@@ -45,6 +47,11 @@ class Second:
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+
+    def refused(self, cause: str) -> None:
+        self.retried += 1
+        self.refusals[cause] = self.refusals.get(cause, 0) + 1
 
 
 def parse_schedule(text: str) -> list[tuple[float, float]]:
@@ -100,7 +107,7 @@ async def one_request(
                     outcome = "ok"
                     break
                 if resp.status in RETRYABLE and attempt < retries:
-                    second.retried += 1
+                    second.refused(f"http {resp.status}")
                     await asyncio.sleep(0.2 * (attempt + 1))
                     continue
                 reason = f"http {resp.status}"
@@ -108,7 +115,7 @@ async def one_request(
         except aiohttp.ClientConnectorError:
             # Nothing was sent: a pod gone from the endpoints, or not listening any more.
             if attempt < retries:
-                second.retried += 1
+                second.refused("connect refused")
                 await asyncio.sleep(0.2 * (attempt + 1))
                 continue
             reason = "connect refused"
@@ -189,12 +196,15 @@ def _tally(seconds: Iterable[Second]) -> dict[str, object]:
         total.latencies += s.latencies
         for k, v in s.errors.items():
             total.errors[k] = total.errors.get(k, 0) + v
+        for k, v in s.refusals.items():
+            total.refusals[k] = total.refusals.get(k, 0) + v
     return {
         "sent": total.sent,
         "ok": total.ok,
         "retried": total.retried,
         "failed": total.failed,
         "errors": total.errors,
+        "refusals": total.refusals,
         "p50_s": quantile(total.latencies, 0.5),
         "p99_s": quantile(total.latencies, 0.99),
     }

@@ -647,6 +647,10 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
         grown = heavy.result(300)
         print(f"under load: {grown.summary}")
         assert grown.summary["failed"] == 0 and grown.summary["ok"] > 0, grown.summary
+        # No 5xx while the pool grows, not even a retried one; an overloaded pod's 429 is counted.
+        refusals = grown.summary["refusals"]
+        assert not [cause for cause in refusals if cause.startswith("http 5")], refusals
+        print(f"429s while growing: {refusals.get('http 429', 0)}")
 
         # The trickle alone: the pool shrinks back to its min, pods draining while it runs.
         wait_for(

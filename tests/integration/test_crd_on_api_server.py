@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.kube import Cluster, Kube, wait_for
+from kubernetes.client.exceptions import ApiException
+from support.kube import GROUP, PLURAL, VERSION, Cluster, Kube, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -115,3 +116,52 @@ def test_a_valid_resource_is_accepted_and_defaulted(crd: str, cluster: Cluster, 
     # Defaults come from the schema, applied by the API server.
     assert spec["backend"] == "auto" and spec["device"] == "auto" and spec["replicas"] == 1
     assert spec["model"]["trustRemoteCode"] is False
+
+
+def _pool(name: str, replicas: int) -> dict[str, object]:
+    return {
+        "name": name,
+        "nodes": 1,
+        "path": "cpu",
+        "processorWorkers": 2,
+        "ioWorkers": 1,
+        "reason": "CpuDefault",
+        "message": "two workers",
+        "deployment": f"keyed-{name}",
+        "replicas": replicas,
+    }
+
+
+def test_status_pools_are_a_map_keyed_by_pool_name(crd: str, kube: Kube, namespace: str) -> None:
+    """The API server itself holds ``status.pools`` to one entry per name, and server-side apply
+    merges entries by name: two writers of two pools keep both, a writer of one pool changes
+    only that one."""
+    kube.create_mmp(namespace, "keyed", {"model": {"path": "/m"}})
+
+    def apply_status(manager: str, pools: list[dict[str, object]]) -> dict[str, object]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MultimodalPreprocessor", "metadata": {"name": "keyed"}}
+        body["status"] = {"pools": pools}
+        return dict(
+            kube.custom.api_client.call_api(
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/keyed/status",
+                "PATCH",
+                query_params=[("fieldManager", manager), ("force", "true")],
+                header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+                body=body,
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        )
+
+    with pytest.raises(ApiException) as refused:
+        apply_status("both", [_pool("cpu", 1), _pool("cpu", 2)])
+    assert refused.value.status == 422 and 'status.pools[1]: Duplicate value: map[string]interface {}{"name":"cpu"}' in str(
+        refused.value.body
+    ), refused.value.body
+
+    apply_status("writer-a", [_pool("cpu", 1)])
+    apply_status("writer-b", [_pool("h200", 3)])
+    apply_status("writer-a", [_pool("cpu", 2)])
+    pools = {p["name"]: p["replicas"] for p in kube.get_mmp(namespace, "keyed")["status"]["pools"]}
+    assert pools == {"cpu": 2, "h200": 3}

@@ -118,6 +118,18 @@ def test_the_operator_renders_the_typed_fields_into_the_pods_it_creates(
     assert container.security_context.se_linux_options.level == "s0:c123,c456"
     assert container.security_context.read_only_root_filesystem is True
     assert container.resources.requests == {"cpu": "500m", "memory": "2Gi"}
+    assert [(m.name, m.mount_path) for m in container.volume_mounts if m.name == "scratch"] == [("scratch", "/scratch")]
+    assert [(t.key, t.operator, t.effect) for t in pod.tolerations or []] == [("nvidia.com/gpu", "Exists", "NoSchedule")]
+    [anti] = pod.affinity.pod_anti_affinity.preferred_during_scheduling_ignored_during_execution
+    assert (anti.weight, anti.pod_affinity_term.topology_key) == (10, "kubernetes.io/hostname")
     command = container.command
-    assert command[command.index("--max-images") + 1] == "4"
-    assert command[command.index("--fetch-allowed-networks") + 1] == "10.0.0.0/8,fd00::/8"
+    flags = {
+        "--served-model-name": "qwen",
+        "--max-model-len": "8192",
+        "--deadline": "12.5",
+        "--queue-size": "8",
+        "--max-images": "4",
+        "--max-body-bytes": "8388608",
+        "--fetch-allowed-networks": "10.0.0.0/8,fd00::/8",
+    }
+    assert {flag: command[command.index(flag) + 1] for flag in flags if flag in command} == flags, command

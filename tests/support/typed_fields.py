@@ -69,6 +69,18 @@ REJECTIONS = [
         "[0].persistentVolumeClam: unknown field",
     ),
     Rejection(
+        "volume-mount-field-typo",
+        {"volumeMounts": [{"name": "m", "mountpath": "/m"}]},
+        'unknown field "spec.volumeMounts[0].mountpath"',
+        "[0].mountpath: unknown field",
+    ),
+    Rejection(
+        "two-volumes-mounted-at-one-path",
+        {"volumeMounts": [{"name": "m", "mountPath": "/m"}, {"name": "n", "mountPath": "/m"}]},
+        "spec.volumeMounts[1]: Duplicate value",
+        "[1]: duplicate entry with mountPath='/m'",
+    ),
+    Rejection(
         "env-field-typo",
         {"env": [{"name": "A", "valueFrm": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
         'unknown field "spec.env[0].valueFrm"',

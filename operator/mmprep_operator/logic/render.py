@@ -163,10 +163,10 @@ def render_deployment(
     pod_spec: dict[str, Any] = {
         # The runtime drains on SIGTERM within this (``api.drain``). No preStop hook: the drain
         # window is the runtime's own, begun by SIGTERM, which Kubernetes sends as it starts
-        # removing the pod's endpoint. A preStop sleep would spend that time with the process
-        # unaware it is stopping: readiness still 200, keep-alive connections kept open (a client
-        # holding one would go on sending to this pod past the sleep); an exec hook needs a
-        # `sleep` in whatever image a resource names, and the sleep action Kubernetes 1.30.
+        # removing the pod's endpoint. A preStop sleep (an exec of `sleep`, or the kubelet's sleep
+        # action) would spend that same time with the process unaware it is stopping: keep-alive
+        # connections kept open and answered without `Connection: close`, so a client holding one
+        # goes on sending to this pod past the sleep, and the drain would still be needed after it.
         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds,
         **pod_identity(spec),
         "containers": [container],

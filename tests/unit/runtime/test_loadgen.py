@@ -57,6 +57,7 @@ def test_every_request_sent_is_counted_once_served_or_failed(qwen_dir: Path) -> 
         # A body the runtime refuses (4xx) is a failure, not a success or a retry.
         _, refused = run_loadgen(url, "--schedule", "0:4", "--duration", "1", "--text", "no placeholder", "--image-side", "64")
         assert refused["failed"] == refused["sent"] > 0 and refused["retried"] == 0, refused
+        assert refused["refusals"] == {}, refused
     finally:
         server.terminate()
         server.wait(60)
@@ -68,6 +69,7 @@ def test_a_pool_that_is_not_listening_fails_every_request_after_its_retries() ->
     assert summary["sent"] > 0 and summary["ok"] == 0
     assert summary["failed"] == summary["sent"] and summary["retried"] == 2 * summary["sent"]
     assert summary["errors"] == {"connect refused": summary["sent"]}
+    assert summary["refusals"] == {"connect refused": summary["retried"]}
 
 
 def test_the_stop_file_ends_a_long_run_early(tmp_path: Path) -> None:
