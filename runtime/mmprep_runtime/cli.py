@@ -7,12 +7,11 @@ answer without importing torch or transformers (seconds on a busy node).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 
-from mmprep_runtime import exits, sizing
+from mmprep_runtime import exits, sizing, versions
 
 EXIT_USAGE = exits.EXIT_USAGE
 
@@ -60,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Clone-per-thread multimodal preprocessing server, with probe and bench.",
     )
     # The installed distribution's version: the one pyproject.toml states, nothing to keep in step.
-    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('mmprep')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {versions.version_of('mmprep') or 'unknown'}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve POST /v1/preprocess over HTTP")
@@ -101,6 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM render API: normalized pixel values in the model's dtype instead of uint8 "
         "(vLLM's --no-mm-device-do-normalize; default: env MMPREP_NORMALIZED_PIXELS, else off)",
+    )
+    serve.add_argument(
+        "--render-path",
+        choices=sizing.RENDER_PATHS,
+        default=None,
+        help="vLLM render API: auto (the native fast path for Qwen2-VL and Qwen2.5-VL, vLLM's own processing "
+        "in worker processes for every other model), native, or general (default: env MMPREP_RENDER_PATH, else auto)",
+    )
+    serve.add_argument(
+        "--render-processes",
+        type=int,
+        default=None,
+        help="vLLM render API: vLLM render processes of the general path (default: env MMPREP_RENDER_PROCESSES, "
+        "else one per usable CPU)",
+    )
+    serve.add_argument(
+        "--vllm-args",
+        default=None,
+        help="vLLM render API: more options for vLLM's render processes, as one string under vLLM's names, e.g. "
+        "'--limit-mm-per-prompt {\"image\":4} --allowed-local-media-path /data' (default: env MMPREP_VLLM_ARGS)",
     )
     serve.add_argument(
         "--served-model-name", default=None, help="vLLM render API: the model name /v1/models answers (default: --model as given)"

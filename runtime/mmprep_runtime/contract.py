@@ -38,6 +38,11 @@ ENV_DECISION_REASON: Final = "MMPREP_DECISION_REASON"
 ENV_FAST_PATHS: Final = "MMPREP_FAST_PATHS"
 ENV_NORMALIZED_PIXELS: Final = "MMPREP_NORMALIZED_PIXELS"
 ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
+#: The vLLM render API's path (``auto``, ``native``, ``general``), the general path's process
+#: count, and more options for vLLM's own render processes (one string, split like a shell).
+ENV_RENDER_PATH: Final = "MMPREP_RENDER_PATH"
+ENV_RENDER_PROCESSES: Final = "MMPREP_RENDER_PROCESSES"
+ENV_VLLM_ARGS: Final = "MMPREP_VLLM_ARGS"
 #: The drain on SIGTERM (``DrainEnv``): seconds of serving while not ready, then the most seconds
 #: in-flight requests may take.
 ENV_DRAIN_SECONDS: Final = "MMPREP_DRAIN_SECONDS"

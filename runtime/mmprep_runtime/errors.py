@@ -38,6 +38,14 @@ class BadRequest(RequestError):
     """Malformed request: invalid JSON, wrong types, missing fields."""
 
 
+class BeyondFastPath(BadRequest):
+    """A request the native fast path does not render exactly as vLLM would (a field, a content
+    part or a modality it does not implement). Where the general path runs beside it, the request
+    goes there instead; without one, it is this 400."""
+
+    code = "beyond_fast_path"
+
+
 class BadMedia(RequestError):
     """An image or audio item is not decodable: bad base64, not an image, truncated."""
 

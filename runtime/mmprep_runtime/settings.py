@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import shlex
 from collections.abc import Mapping
 
 from mmprep_runtime import sizing
@@ -23,7 +24,10 @@ from mmprep_runtime.contract import (
     ENV_IO_WORKERS,
     ENV_NORMALIZED_PIXELS,
     ENV_PROCESSOR_WORKERS,
+    ENV_RENDER_PATH,
+    ENV_RENDER_PROCESSES,
     ENV_SHUTDOWN_TIMEOUT_SECONDS,
+    ENV_VLLM_ARGS,
     ContractError,
     PoolDecisionEnv,
     parse_seconds,
@@ -120,6 +124,14 @@ class RenderSettings:
     #: model config's ``max_position_embeddings``, as vLLM does.
     max_model_len: int | None = None
     fetch: FetchSettings = FetchSettings()
+    #: Which path renders (``render_paths``): ``auto`` (the native fast path for the families it
+    #: renders byte-equal, vLLM's own processing for every other), ``native`` or ``general``.
+    path: str = "auto"
+    #: vLLM render processes of the general path; None = one per usable CPU.
+    processes: int | None = None
+    #: More options for vLLM's render processes, under vLLM's names (``--limit-mm-per-prompt``,
+    #: ``--allowed-local-media-path``, ``--mm-processor-cache-gb``, ...).
+    vllm_args: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,9 +290,27 @@ def _render_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Re
     max_model_len = getattr(args, "max_model_len", None)
     if max_model_len is not None and max_model_len < 1:
         raise SettingsError(f"--max-model-len must be positive, got {max_model_len}")
+    path = getattr(args, "render_path", None) or environ.get(ENV_RENDER_PATH, "").strip() or "auto"
+    if path not in sizing.RENDER_PATHS:
+        raise SettingsError(f"--render-path must be one of {', '.join(sizing.RENDER_PATHS)}, got {path!r}")
+    processes = getattr(args, "render_processes", None)
+    if processes is None:
+        processes = _env_count(environ, ENV_RENDER_PROCESSES)
+    elif processes < 1:
+        raise SettingsError(f"--render-processes must be positive, got {processes}")
+    vllm_text = getattr(args, "vllm_args", None)
+    if vllm_text is None:
+        vllm_text = environ.get(ENV_VLLM_ARGS, "")
+    try:
+        vllm_args = tuple(shlex.split(vllm_text))
+    except ValueError as exc:
+        raise SettingsError(f"--vllm-args cannot be split into options: {exc}") from None
     return RenderSettings(
         normalized_pixels=normalized,
         served_model_name=getattr(args, "served_model_name", None),
         max_model_len=max_model_len,
         fetch=fetch,
+        path=path,
+        processes=processes,
+        vllm_args=vllm_args,
     )

@@ -206,3 +206,8 @@ def decide_workers(
     if declared is not None:
         return made(declared, Reason.MODEL_DECLARED, f"the model declares {declared} worker(s)")
     return made(CPU_PATH_DEFAULT_WORKERS, Reason.CPU_PATH_DEFAULT, "the CPU path's default")
+
+
+#: The vLLM render API's paths, in the order of ``--render-path``'s choices: ``auto`` chooses per
+#: model (``apis.render_paths``), ``native`` is mmprep's fast path, ``general`` vLLM's own processing.
+RENDER_PATHS: Final = ("auto", "native", "general")

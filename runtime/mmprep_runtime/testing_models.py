@@ -14,7 +14,13 @@ Kinds:
 - ``whisper``: WhisperProcessor (audio feature extractor + tokenizer);
 - ``tokenizer``: a bare tokenizer (``AutoProcessor`` returns the tokenizer itself);
 - ``uncloneable``: a llava-style processor shipped as remote code (``auto_map``) whose deepcopy
-  raises, the way processors holding a native handle do. Loads only with ``trust_remote_code``.
+  raises, the way processors holding a native handle do. Loads only with ``trust_remote_code``;
+- more vision-language families, each with its ``config.json`` and chat template so vLLM's render
+  server loads it too (``mmprep_runtime.testing_families`` describes them): ``qwen2.5-vl``
+  (Qwen2_5_VLProcessor), ``qwen3-vl`` (Qwen3VLProcessor), ``gemma3`` (Gemma3Processor),
+  ``llava-onevision`` (LlavaOnevisionProcessor), ``idefics3`` (Idefics3Processor), ``internvl``
+  (InternVLProcessor, HF format), ``glm4v`` (Glm4vProcessor, GLM-4.1V) and ``mistral3``
+  (PixtralProcessor).
 
 Any kind may carry a sidecar ``mmprep.json`` with ``{"processor_workers": N}`` (see
 ``mmprep_runtime.declared``).
@@ -26,9 +32,10 @@ import enum
 import json
 import pathlib
 import textwrap
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from mmprep_runtime import declared
+from mmprep_runtime import declared, testing_families
 
 SPECIAL_TOKENS: Final = (
     "<|endoftext|>",
@@ -85,39 +92,61 @@ class Kind(str, enum.Enum):
     WHISPER = "whisper"
     TOKENIZER = "tokenizer"
     UNCLONEABLE = "uncloneable"
+    QWEN2_5_VL = "qwen2.5-vl"
+    QWEN3_VL = "qwen3-vl"
+    GEMMA3 = "gemma3"
+    LLAVA_ONEVISION = "llava-onevision"
+    IDEFICS3 = "idefics3"
+    INTERNVL = "internvl"
+    GLM4V = "glm4v"
+    MISTRAL3 = "mistral3"
 
 
 class ModelBuildError(ValueError):
     """The folder cannot be built as asked (bad kind, bad backend, existing non-empty folder)."""
 
 
-def write_tokenizer(out: pathlib.Path, processor_class: str | None = None) -> None:
+def write_tokenizer(
+    out: pathlib.Path,
+    processor_class: str | None = None,
+    *,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    eos_token: str = "<|endoftext|>",
+    named_tokens: Mapping[str, str] | None = None,
+    plain_tokens: Iterable[str] = (),
+) -> None:
     """Train a byte-level BPE on a tiny corpus; write it as a tokenizers-backed transformers tokenizer.
+
+    ``special_tokens`` come first in the vocabulary (ids 0, 1, ...); ``named_tokens`` become tokenizer
+    attributes (``tokenizer.image_token`` and ``tokenizer.image_token_id``), which some processors read;
+    ``plain_tokens`` are added as whole, non-special tokens.
 
     The files are written directly rather than through transformers' ``save_pretrained``: importing
     the processor classes pulls in torch and takes seconds, and building a folder must stay fast.
     A unit test loads every kind through ``AutoProcessor`` and checks the classes it gets.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     raw = Tokenizer(models.BPE(unk_token=None))
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=_VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         # The full byte alphabet makes every input encodable, as with real byte-level BPEs.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     raw.train_from_iterator(list(_CORPUS) * 4, trainer)
+    raw.add_tokens([AddedToken(token, normalized=False, special=False) for token in plain_tokens])
     raw.save(str(out / "tokenizer.json"))
     config: dict[str, Any] = {
         "backend": "tokenizers",
         "tokenizer_class": "TokenizersBackend",
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>",
-        "extra_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "eos_token": eos_token,
+        "pad_token": eos_token,
+        # A mapping names the tokens (tokenizer attributes); a list only marks them special.
+        "extra_special_tokens": dict(named_tokens) if named_tokens else [t for t in special_tokens if t != eos_token],
         "model_max_length": 32768,
     }
     if processor_class is not None:
@@ -227,6 +256,24 @@ def _whisper_config() -> dict[str, Any]:
     }
 
 
+def _write_family(family: testing_families.Family, out: pathlib.Path, backend: str) -> None:
+    """A family's folder: tokenizer, processor config, model config (ids from the new vocabulary), chat template."""
+    processor_config = family.processor(backend)
+    write_tokenizer(
+        out,
+        processor_config["processor_class"],
+        special_tokens=family.special_tokens,
+        eos_token=family.eos_token,
+        named_tokens=family.named_tokens,
+        plain_tokens=family.plain_tokens,
+    )
+    _write_json(out / "processor_config.json", processor_config)
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    vocab = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
+    _write_json(out / "config.json", family.model(vocab))
+    (out / "chat_template.jinja").write_text(testing_families.chat_template(family.chat))
+
+
 def make_model(
     kind: Kind | str,
     out: pathlib.Path | str,
@@ -248,6 +295,11 @@ def make_model(
         raise ModelBuildError(f"{out} exists and is not an empty folder")
     out.mkdir(parents=True, exist_ok=True)
 
+    family = testing_families.FAMILIES.get(kind.value)
+    if family is not None:
+        _write_family(family, out, backend)
+        _declare(out, declared.Declaration(declared_workers, declared_io_workers, thread_safe))
+        return out
     processor_config: dict[str, Any] | None
     if kind is Kind.QWEN2_VL:
         processor_config = _qwen2_vl_config(backend)
@@ -257,10 +309,12 @@ def make_model(
         processor_config = _whisper_config()
     elif kind is Kind.TOKENIZER:
         processor_config = None
-    else:
+    elif kind is Kind.UNCLONEABLE:
         processor_config = _llava_config(backend, UNCLONEABLE_CLASS)
         processor_config["auto_map"] = {"AutoProcessor": f"{UNCLONEABLE_MODULE}.{UNCLONEABLE_CLASS}"}
         (out / f"{UNCLONEABLE_MODULE}.py").write_text(_UNCLONEABLE_SOURCE)
+    else:
+        raise ModelBuildError(f"no builder for kind {kind.value!r}")
     write_tokenizer(out, processor_config["processor_class"] if processor_config else None)
     if processor_config is not None:
         _write_json(out / "processor_config.json", processor_config)
@@ -268,7 +322,10 @@ def make_model(
         _write_json(out / "config.json", _qwen2_vl_model_config(out))
         (out / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE)
 
-    declaration = declared.Declaration(declared_workers, declared_io_workers, thread_safe)
+    _declare(out, declared.Declaration(declared_workers, declared_io_workers, thread_safe))
+    return out
+
+
+def _declare(out: pathlib.Path, declaration: declared.Declaration) -> None:
     if declaration != declared.Declaration():
         declared.write_sidecar(out, declaration)
-    return out

@@ -124,7 +124,7 @@ def _object(body: bytes) -> dict[str, Any]:
     payload = pipeline.json_object(body)
     unsupported = sorted(key for key in payload if key in _UNSUPPORTED_FIELDS and payload[key] not in (None, False))
     if unsupported:
-        raise errors.BadRequest(f"field(s) {', '.join(unsupported)} are not supported by this render server")
+        raise errors.BeyondFastPath(f"field(s) {', '.join(unsupported)} are not supported by this render server")
     return payload
 
 
@@ -206,7 +206,7 @@ def _content(message: Mapping[str, Any], where: str, images: list[ImageSource], 
             images.append(_image_source(part, what))
             parts.append({"type": "image"})
         else:
-            raise errors.BadRequest(f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url")
+            raise errors.BeyondFastPath(f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url")
     return parts
 
 
@@ -246,7 +246,7 @@ def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int =
         if role not in ROLES:
             raise errors.BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
         if message.get("tool_calls"):
-            raise errors.BadRequest(f"{where}: tool calls are not supported by this render server")
+            raise errors.BeyondFastPath(f"{where}: tool calls are not supported by this render server")
         entry: dict[str, Any] = {"role": role, "content": _content(message, where, images, reserved)}
         name = message.get("name")
         if isinstance(name, str):

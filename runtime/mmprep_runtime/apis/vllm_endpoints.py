@@ -9,12 +9,12 @@ the model card is built from ``vllm_model.ModelFacts``. Errors are vLLM's JSON
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, vllm_format, vllm_model, vllm_render
+from mmprep_runtime.apis import fetching, vllm_format, vllm_general, vllm_model, vllm_render
 from mmprep_runtime.apis.http import JSON_TYPE, Answer, read_json_body
 from mmprep_runtime.engine import core
 from mmprep_runtime.settings import Limits
@@ -28,8 +28,14 @@ def error_response(error: errors.RequestError) -> web.Response:
     )
 
 
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    """The render request's body, read once: the native path may hand it on to the general one."""
+    return await read_json_body(request, limits)
+
+
 async def render(
     request: web.Request,
+    body: bytes,
     engine: core.Engine,
     model: vllm_model.ModelFacts,
     limits: Limits,
@@ -37,10 +43,19 @@ async def render(
     *,
     chat: bool,
 ) -> Answer:
-    body = await read_json_body(request, limits)
     api = vllm_render.RenderApi(engine.facts, model, limits, fetcher, chat, request_id=request.headers.get("X-Request-Id"))
     served = await engine.serve(api, body)
     return Answer(web.Response(body=served.payload, content_type=JSON_TYPE), served.decode_seconds)
+
+
+#: Request headers handed on to vLLM's render process (its request id comes from X-Request-Id).
+_FORWARDED_HEADERS: Final = ("X-Request-Id", "Content-Type")
+
+
+async def render_general(request: web.Request, body: bytes, general: vllm_general.GeneralRenderer) -> Answer:
+    """vLLM's own answer, from one of the general path's processes (``vllm_general``)."""
+    headers = {name: value for name in _FORWARDED_HEADERS if (value := request.headers.get(name)) is not None}
+    return Answer(await general.render(request.path, body, headers), 0.0)
 
 
 def model_list(model: vllm_model.ModelFacts, started: int) -> dict[str, Any]:

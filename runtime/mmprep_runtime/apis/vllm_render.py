@@ -236,7 +236,7 @@ class RenderApi:
         if request.images and not self.facts.takes_images:
             raise errors.BadRequest(f"this model ({self.facts.processor_class}) takes no images")
         if request.images and self.facts.processor_class not in IMAGE_PROCESSORS:
-            raise errors.BadRequest(
+            raise errors.BeyondFastPath(
                 f"the vLLM render API renders images for {', '.join(sorted(IMAGE_PROCESSORS))} only, "
                 f"not {self.facts.processor_class}"
             )

@@ -7,7 +7,7 @@ background after the socket is open. The event loop only moves bytes and awaits.
 
 Endpoints: mmprep's own ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/info``,
 ``GET /metrics``; vLLM's render API ``POST /v1/chat/completions/render``,
-``POST /v1/completions/render``, ``GET /v1/models``, ``GET /health``.
+``POST /v1/completions/render``, ``GET /v1/models``, ``GET /health``, ``GET /version``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Final
 from aiohttp import hdrs, web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, preprocess, vllm_endpoints
+from mmprep_runtime.apis import fetching, preprocess, render_paths, vllm_endpoints
 from mmprep_runtime.apis.http import Answer
 from mmprep_runtime.engine import core as engine_module
 from mmprep_runtime.server import health
@@ -41,7 +41,18 @@ async def handle_preprocess(request: web.Request) -> web.Response:
 
 async def _render(request: web.Request, state: ServerState, engine: engine_module.Engine, *, chat: bool) -> Answer:
     assert state.render_model is not None
-    return await vllm_endpoints.render(request, engine, state.render_model, state.settings.limits, state.fetcher, chat=chat)
+    limits = state.settings.limits
+    body = await vllm_endpoints.read_body(request, limits)
+    general, path = state.general, state.render_path
+    if general is not None and path is not None and path.primary == render_paths.GENERAL:
+        return await vllm_endpoints.render_general(request, body, general)
+    try:
+        return await vllm_endpoints.render(request, body, engine, state.render_model, limits, state.fetcher, chat=chat)
+    except errors.BeyondFastPath:
+        if general is None:
+            raise
+        # The native path does not render this one exactly: vLLM's own processing does.
+        return await vllm_endpoints.render_general(request, body, general)
 
 
 async def _render_chat(request: web.Request, state: ServerState, engine: engine_module.Engine) -> Answer:
@@ -118,6 +129,7 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
     app.router.add_get("/healthz", health.handle_healthz)
     app.router.add_get("/readyz", health.handle_readyz)
     app.router.add_get("/v1/info", health.handle_info)
+    app.router.add_get("/version", health.handle_version)
     app.router.add_get("/metrics", health.handle_metrics)
 
     async def lifecycle(app: web.Application) -> Any:
@@ -126,6 +138,9 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
         if not task.done():
             # Shutting down mid-load: the load thread cannot be interrupted; let it finish.
             await asyncio.wait({task})
+        if state.general is not None:
+            await state.general.close()
+            await asyncio.to_thread(state.general.pool.close, POOL_STOP_SECONDS)
         if state.engine is not None:
             # In-flight requests were waited for already (``serve``): what is left of the pool's
             # jobs belongs to requests cut off at the timeout, so the join is short.

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from mmprep_runtime import versions
 from mmprep_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mmprep_runtime.server.state import STATE, not_ready_reason
 
@@ -65,8 +66,28 @@ async def handle_info(request: web.Request) -> web.Response:
             "max_model_len": model.max_model_len,
             "pixels": "uint8" if model.device_normalize else "normalized",
             "fetch_allowed_networks": [str(n) for n in state.settings.render.fetch.allowed_networks],
+            **_render_path(request),
         }
     return web.json_response(info, dumps=functools.partial(json.dumps, indent=2))
+
+
+def _render_path(request: web.Request) -> dict[str, Any]:
+    """Which path renders (and why), and the general path's processes when they run."""
+    state = request.app[STATE]
+    path = state.render_path
+    out: dict[str, Any] = {"vllm_version": versions.vllm_version()}
+    if path is not None:
+        out["path"] = path.primary
+        out["general_fallback"] = path.general_fallback
+        out["path_reason"] = path.reason
+    if state.general is not None:
+        out["general"] = state.general.pool.info()
+    return out
+
+
+async def handle_version(request: web.Request) -> web.Response:
+    """vLLM's ``/version`` (the vLLM version this tier renders as, null without vLLM), and mmprep's."""
+    return web.json_response({"version": versions.vllm_version(), "mmprep_version": versions.version_of("mmprep")})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from typing import Final
 
 from aiohttp import web
 
-from mmprep_runtime.apis import fetching, vllm_model
+from mmprep_runtime.apis import fetching, render_paths, vllm_general, vllm_model
 from mmprep_runtime.engine import core
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.drain import Drain
@@ -31,6 +31,9 @@ class ServerState:
     engine: core.Engine | None = None
     #: The vLLM render API's view of the model (served name, context length, pixel hand-off).
     render_model: vllm_model.ModelFacts | None = None
+    #: Which path renders vLLM render requests and why; the general path's forwarder when it runs.
+    render_path: render_paths.RenderPath | None = None
+    general: vllm_general.GeneralRenderer | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
     drain: Drain = dataclasses.field(default_factory=Drain)
@@ -55,6 +58,8 @@ def not_serving_reason(state: ServerState) -> str | None:
         return SHUTTING_DOWN
     if state.engine is None or state.admission is None:
         return "the processor is loading"
+    if state.general is not None and state.render_path is not None and state.render_path.primary == render_paths.GENERAL:
+        return state.general.pool.no_workers_reason
     return state.engine.pool.no_workers_reason
 
 

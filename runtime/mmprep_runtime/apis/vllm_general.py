@@ -1,0 +1,131 @@
+"""The general render path's HTTP side: a render request forwarded to one of vLLM's own render
+processes (``engine.vllm_pool``), its answer returned as vLLM wrote it.
+
+What mmprep adds in front of vLLM, and nothing else:
+- media URLs are fetched here, under mmprep's rules (public addresses only unless allowed, every
+  redirect checked, a size cap and timeouts: ``fetching.Fetcher``), and handed to vLLM inline as
+  base64 data URIs. vLLM decodes a URL's bytes and a data URI's bytes the same way, so the answer
+  does not change, but vLLM never reaches the network on a client's say-so;
+- the request is leased to the process with the fewest requests in flight;
+- a process that dies mid-request gives a retryable 503, and the pool restarts it.
+
+Everything else (the chat template, every modality, vLLM's limits such as ``--limit-mm-per-prompt``
+and ``--allowed-local-media-path``, the answer and every error's shape) is vLLM's own code.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from mmprep_runtime import errors
+from mmprep_runtime.apis import fetching
+from mmprep_runtime.engine import vllm_pool
+
+#: The content parts whose URL vLLM would fetch, and the key holding the URL object.
+_URL_PARTS: Final = ("image_url", "video_url", "audio_url")
+#: vLLM reads a data URI's bytes as it reads a fetched body, except for this type (a list of JPEG
+#: frames); fetched bytes are never that, so they go under a neutral type.
+_INLINE_TYPE: Final = "application/octet-stream"
+#: How long one forwarded request may take at most; the server's deadline usually ends it first.
+_FORWARD_TIMEOUT_S: Final = 600.0
+
+
+class RenderProcessLost(errors.NotReady):
+    """The render process died while it held the request: retry, another process (or the
+    restarted one) answers."""
+
+    code = "render_process_lost"
+
+
+def _url_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each (URL object, where) of the chat messages' media parts with an http(s) URL."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return
+    for m, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for p, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for key in _URL_PARTS:
+                target = part.get(key)
+                if not isinstance(target, dict):
+                    continue
+                url = target.get("url")
+                if isinstance(url, str) and url[:5].lower() != "data:" and url.split(":", 1)[0].lower() in ("http", "https"):
+                    yield target, f"messages[{m}].content[{p}].{key}"
+
+
+async def inline_media_urls(body: bytes, fetcher: fetching.Fetcher) -> bytes:
+    """``body`` with every http(s) media URL replaced by the fetched bytes as a data URI, or
+    ``body`` itself (byte for byte) when it has none or is not JSON (vLLM answers that)."""
+    if b"http" not in body:
+        return body
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    targets = list(_url_parts(parsed))
+    if not targets:
+        return body
+    for target, where in targets:
+        data = await fetcher.fetch(target["url"], where)
+        target["url"] = f"data:{_INLINE_TYPE};base64,{base64.b64encode(data).decode()}"
+    return orjson.dumps(parsed)
+
+
+class GeneralRenderer:
+    """Forwards render requests to ``pool``'s processes over their Unix sockets."""
+
+    def __init__(self, pool: vllm_pool.VllmWorkerPool, fetcher: fetching.Fetcher) -> None:
+        self.pool = pool
+        self.fetcher = fetcher
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+
+    def _session(self, socket_path: str) -> aiohttp.ClientSession:
+        session = self._sessions.get(socket_path)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=socket_path),
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S),
+                auto_decompress=False,
+            )
+            self._sessions[socket_path] = session
+        return session
+
+    async def render(self, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
+        body = await inline_media_urls(body, self.fetcher)
+        try:
+            lease = self.pool.lease()
+            socket_path = lease.__enter__()
+        except vllm_pool.GeneralPathUnavailable as exc:
+            raise errors.NotReady(f"not ready: {exc}") from None
+        try:
+            async with self._session(socket_path).post(f"http://localhost{path}", data=body, headers=headers) as answer:
+                payload = await answer.read()
+                return web.Response(
+                    status=answer.status,
+                    body=payload,
+                    content_type=answer.content_type,
+                    charset=answer.charset,
+                )
+        except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as exc:
+            raise RenderProcessLost(
+                f"the render process stopped while it held this request ({type(exc).__name__}); retry",
+                headers={"Retry-After": "1"},
+            ) from None
+        finally:
+            lease.__exit__(None, None, None)
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
