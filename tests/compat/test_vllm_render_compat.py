@@ -12,21 +12,14 @@ aside). Both pixel hand-offs: uint8 (vLLM's default ``mm_device_do_normalize``) 
 
 from __future__ import annotations
 
-import base64
-import http.server
-import io
 import json
 import os
 import pathlib
 import subprocess
-import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
-from support.kube import HACK, wait_for
+from support.render_servers import Server, data_uri, rgba_png
 from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 
 from mmprep_runtime import testing_media, testing_models
@@ -37,119 +30,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 HERE = pathlib.Path(__file__).resolve().parent
 CHECKER = HERE.parent / "support" / "vllm_check.py"
-# A deadline, not a pause: a loaded 2-core machine (the kind bring-up beside) needs minutes to start vLLM.
-START_TIMEOUT = 600.0
-REQUEST_TIMEOUT = 120.0
-
-
-def _rgba_png(width: int, height: int) -> bytes:
-    """A PNG with transparency: vLLM composites it onto white, and the conversion joins its hash."""
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(testing_media.png(width, height, seed=3))).convert("RGBA")
-    alpha = Image.linear_gradient("L").resize((width, height))
-    image.putalpha(alpha)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _data_uri(data: bytes, media_type: str) -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
-
-
-@pytest.fixture(scope="session")
-def vllm_venv() -> pathlib.Path:
-    """vLLM's virtualenv, installed on first use and cached by version (seconds when warm)."""
-    done = subprocess.run([str(HACK / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        pytest.fail(f"hack/vllm/venv.sh failed with exit code {done.returncode}; see its output above", pytrace=False)
-    return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
 def render_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return testing_models.make_model("qwen2-vl", tmp_path_factory.mktemp("models") / "qwen2-vl")
-
-
-class _Images(http.server.BaseHTTPRequestHandler):
-    files: ClassVar[dict[str, bytes]] = {}
-
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = self.files.get(self.path)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "image/jpeg")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-
-@pytest.fixture(scope="session")
-def image_server() -> Iterator[str]:
-    """A local HTTP server with one JPEG: both render servers fetch the same URL."""
-    _Images.files = {"/photo.jpg": testing_media.jpeg(400, 300, seed=7)}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-class Server:
-    def __init__(self, name: str, command: list[str], env: dict[str, str], ready_path: str, log: pathlib.Path):
-        self.name, self.ready_path, self.log = name, ready_path, log
-        self.port = int(command[command.index("--port") + 1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._out = log.open("wb")
-        self.process = subprocess.Popen(command, env=env, stdout=self._out, stderr=subprocess.STDOUT)
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(self.url + self.ready_path, timeout=5) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def wait(self) -> Server:
-        wait_for(self.ready, START_TIMEOUT, what=f"{self.name} to be ready", interval=0.5, describe=self.tail)
-        return self
-
-    def post(self, path: str, body: Any) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"null")
-
-    def get(self, path: str) -> tuple[int, Any]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=REQUEST_TIMEOUT) as response:
-                return response.status, json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as error:
-            return error.code, None
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(30)
-        self._out.close()
 
 
 def start_vllm(venv: pathlib.Path, model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
@@ -166,11 +51,11 @@ def start_mmprep(model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> S
 
 
 def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    one = _data_uri(testing_media.jpeg(640, 480, seed=1), "image/jpeg")
+    one = data_uri(testing_media.jpeg(640, 480, seed=1), "image/jpeg")
     three = [
-        _data_uri(testing_media.jpeg(320, 240, seed=2), "image/jpeg"),
-        _data_uri(_rgba_png(200, 300), "image/png"),
-        _data_uri(testing_media.jpeg(500, 375, seed=4), "image/jpeg"),
+        data_uri(testing_media.jpeg(320, 240, seed=2), "image/jpeg"),
+        data_uri(rgba_png(200, 300), "image/png"),
+        data_uri(testing_media.jpeg(500, 375, seed=4), "image/jpeg"),
     ]
     chat = "/v1/chat/completions/render"
 

@@ -81,6 +81,10 @@ own: a first path segment with a dot or a port, or localhost, is a registry and 
 {{- include "mmprep.image" (merge (include "mmprep.imageContext" . | fromJson) .Values.runtimeImage) }}
 {{- end }}
 
+{{- define "mmprep.vllmRenderImage" -}}
+{{- include "mmprep.image" (merge (include "mmprep.imageContext" . | fromJson) .Values.vllmRenderImage) }}
+{{- end }}
+
 {{/* Namespaces the operator watches and is granted namespaced rights in; empty = all. */}}
 {{- define "mmprep.watchNamespaces" -}}
 {{- $ns := list }}

@@ -8,7 +8,7 @@ so that the two cannot drift apart silently.
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -74,6 +74,26 @@ class ServingSpec(ApiModel):
         max_length=64,
         description="Networks (CIDR) that image URLs may reach although they are not public, e.g. an in-cluster "
         "image store; default none (only public addresses are fetched).",
+    )
+
+    render_path: Literal["auto", "native", "general"] | None = Field(
+        None,
+        description="vllm-render: which path renders. auto (the default): mmprep's native fast path for Qwen2-VL "
+        "and Qwen2.5-VL, vLLM's own processing in worker processes for every other model and for what the fast "
+        "path does not render (video, audio, tools); native; or general (always vLLM's own). Every path but "
+        "native needs the vLLM image (the operator policy's vllmRenderImage, or spec.image).",
+    )
+    render_processes: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="vllm-render: vLLM render processes of the general path per pod; default one per usable CPU.",
+    )
+    vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        None,
+        max_length=64,
+        description="vllm-render: more options for vLLM's render processes, one item per word, under vLLM's names, "
+        'e.g. ["--limit-mm-per-prompt", "{\\"image\\":4,\\"video\\":1}", "--allowed-local-media-path", "/data"].',
     )
 
     @model_validator(mode="after")

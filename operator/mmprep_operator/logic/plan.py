@@ -12,7 +12,7 @@ from typing import Any
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import autoscaling, identity, pools, render, replicas
+from mmprep_operator.logic import autoscaling, identity, pod_parts, pools, render, replicas
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.decide import PoolDecision, decide_pool
 from mmprep_operator.logic.nodes import NodeFacts
@@ -40,10 +40,10 @@ class Plan:
 
 def image_platforms(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str] | None:
     """What the runtime image is built for: the spec's word, else the policy's for its default
-    image; None (not checked) for a spec image that does not say."""
+    image; None (not checked) for any other image that does not say."""
     if spec.image_platforms is not None:
         return list(spec.image_platforms)
-    return None if spec.image is not None else policy.image_platforms
+    return policy.image_platforms if pod_parts.image_of(spec, policy) == policy.default_image else None
 
 
 def _runs_on(platforms: Iterable[str], arch: str) -> bool:

@@ -26,7 +26,13 @@ RUN_AS: Final = 65532
 
 
 def image_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> str:
-    return spec.image or policy.default_image
+    """The resource's image, else the policy's: its vLLM flavor for `api: vllm-render` where it
+    names one (the render tier must run the engine's vLLM version), its default image otherwise."""
+    if spec.image:
+        return spec.image
+    if spec.api == "vllm-render" and policy.vllm_render_image:
+        return policy.vllm_render_image
+    return policy.default_image
 
 
 def pull_policy_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> str | None:

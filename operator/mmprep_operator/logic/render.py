@@ -11,6 +11,7 @@ probe and calibration Jobs), ``plan`` (which calls ``render_children``).
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -114,11 +115,17 @@ def runtime_flags(serving: api.ServingSpec) -> list[str]:
         "--max-images": serving.max_images_per_request,
         "--max-body-bytes": serving.max_body_bytes,
         "--fetch-allowed-networks": None if serving.fetch_allowed_networks is None else ",".join(serving.fetch_allowed_networks),
+        "--render-path": serving.render_path,
+        "--render-processes": serving.render_processes,
     }
     out: list[str] = []
     for flag, value in flags.items():
         if value is not None:
             out += [flag, str(value)]
+    if serving.vllm_args is not None:
+        # One argument, split back into words by the runtime as a shell would (shlex); joined to
+        # its flag, as a value that starts with "--" would otherwise read as a flag of its own.
+        out.append(f"--vllm-args={shlex.join(serving.vllm_args)}")
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -16,13 +17,15 @@ from mmprep_operator.logic.nodes import node_facts
 from mmprep_operator.logic.plan import make_plan
 
 
-def _objects(**spec_fields: Any) -> dict[str, dict[str, Any]]:
+def _objects(policy: OperatorPolicy | None = None, **spec_fields: Any) -> dict[str, dict[str, Any]]:
     body = yaml.safe_load((DATA / "cr.yaml").read_text())
     spec = api.MultimodalPreprocessorSpec.model_validate({**body["spec"], **spec_fields})
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
     result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
     meta = body["metadata"]
-    plan = make_plan(identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, OperatorPolicy())
+    plan = make_plan(
+        identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, policy or OperatorPolicy()
+    )
     return {obj["kind"]: obj for obj in plan.objects}
 
 
@@ -57,3 +60,41 @@ def test_normalized_pixels_reach_the_runtime_flag():
 def test_an_unknown_api_is_refused():
     with pytest.raises(ValidationError, match="vllm-render"):
         _objects(api="openai")
+
+
+VLLM_POLICY = OperatorPolicy.model_validate(
+    {"defaultImage": "reg/mmprep-runtime:1", "vllmRenderImage": "reg/mmprep-runtime-vllm:1"}
+)
+
+
+def test_vllm_render_resources_get_the_policys_vllm_image_and_others_the_default():
+    assert _container(_objects(VLLM_POLICY, api="vllm-render", image=None))["image"] == "reg/mmprep-runtime-vllm:1"
+    assert _container(_objects(VLLM_POLICY, image=None))["image"] == "reg/mmprep-runtime:1"
+    # Without a vLLM image in the policy, the default image serves vllm-render too (native path only).
+    assert _container(_objects(api="vllm-render", image=None))["image"] == OperatorPolicy().default_image
+    # A resource's own image wins over both.
+    assert _container(_objects(VLLM_POLICY, api="vllm-render", image="mine:2"))["image"] == "mine:2"
+
+
+def test_the_render_path_and_vllms_options_reach_the_runtime_flags():
+    serving = {"renderPath": "general", "renderProcesses": 3, "vllmArgs": ["--limit-mm-per-prompt", '{"image": 4}']}
+    command = _container(_objects(api="vllm-render", serving=serving))["command"]
+    assert command[command.index("--render-path") + 1] == "general"
+    assert command[command.index("--render-processes") + 1] == "3"
+    # One argument joined to its flag (a value starting with "--" would read as a flag), split back
+    # into the same words by the runtime's settings.
+    [joined] = [c for c in command if c.startswith("--vllm-args=")]
+    assert shlex.split(joined.split("=", 1)[1]) == serving["vllmArgs"]
+
+
+@pytest.mark.parametrize(
+    ("serving", "message"),
+    [
+        ({"renderPath": "fast"}, "renderPath"),
+        ({"renderProcesses": 0}, "renderProcesses"),
+        ({"vllmArgs": [""]}, "vllmArgs"),
+    ],
+)
+def test_a_bad_render_setting_is_refused(serving: dict[str, Any], message: str):
+    with pytest.raises(ValidationError, match=message):
+        _objects(api="vllm-render", serving=serving)

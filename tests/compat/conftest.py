@@ -1,0 +1,53 @@
+"""The compatibility tiers' shared fixtures: vLLM's virtualenv, and a local server of media URLs."""
+
+from __future__ import annotations
+
+import http.server
+import pathlib
+import subprocess
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from support.kube import HACK
+
+from mmprep_runtime import testing_media
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> pathlib.Path:
+    """vLLM's virtualenv, installed on first use and cached by version (seconds when warm)."""
+    done = subprocess.run([str(HACK / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"hack/vllm/venv.sh failed with exit code {done.returncode}; see its output above", pytrace=False)
+    return pathlib.Path(done.stdout.strip().splitlines()[-1])
+
+
+class _Images(http.server.BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture(scope="session")
+def image_server() -> Iterator[str]:
+    """A local HTTP server with one JPEG: both render servers fetch the same URL."""
+    _Images.files = {"/photo.jpg": testing_media.jpeg(400, 300, seed=7)}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()

@@ -1,0 +1,138 @@
+"""The render path's choice (``apis.render_paths``), its settings, and what the general path does
+in front of vLLM (``apis.vllm_general``: media URLs fetched under mmprep's rules and inlined)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from mmprep_runtime import errors
+from mmprep_runtime.apis import fetching, render_paths, vllm_general
+from mmprep_runtime.server.lifecycle import vllm_options
+from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError, _render_settings
+
+
+@pytest.mark.parametrize(
+    ("setting", "processor", "vllm", "primary", "fallback"),
+    [
+        ("auto", "Qwen2VLProcessor", "0.33.0", "native", True),
+        ("auto", "Qwen2_5_VLProcessor", "0.33.0", "native", True),
+        ("auto", "Qwen2_5_VLProcessor", None, "native", False),
+        ("auto", "Gemma3Processor", "0.33.0", "general", False),
+        ("auto", "Gemma3Processor", None, "native", False),
+        ("native", "Gemma3Processor", "0.33.0", "native", False),
+        ("general", "Qwen2VLProcessor", "0.33.0", "general", False),
+    ],
+)
+def test_the_path_follows_the_family_and_what_is_installed(
+    setting: str, processor: str, vllm: str | None, primary: str, fallback: bool
+) -> None:
+    path = render_paths.choose(setting, processor, vllm)
+    assert (path.primary, path.general_fallback) == (primary, fallback)
+    assert processor in path.reason or setting != "auto"
+    assert path.needs_general == (primary == "general" or fallback)
+
+
+def test_the_general_path_without_vllm_is_refused_with_the_way_out() -> None:
+    with pytest.raises(render_paths.NoRenderPath, match=r"mmprep\[vllm\]"):
+        render_paths.choose("general", "Gemma3Processor", None)
+
+
+def test_a_family_without_a_native_path_and_no_vllm_says_what_it_serves() -> None:
+    assert "text only" in render_paths.choose("auto", "Idefics3Processor", None).reason
+
+
+def _args(**values: Any) -> argparse.Namespace:
+    return argparse.Namespace(**values)
+
+
+def test_render_settings_from_flags_and_env() -> None:
+    settings = _render_settings(
+        _args(render_path="general", render_processes=3, vllm_args="--limit-mm-per-prompt '{\"image\": 4}'"), {}
+    )
+    assert (settings.path, settings.processes) == ("general", 3)
+    assert settings.vllm_args == ("--limit-mm-per-prompt", '{"image": 4}')
+    from_env = _render_settings(
+        _args(), {"MMPREP_RENDER_PATH": "native", "MMPREP_RENDER_PROCESSES": "2", "MMPREP_VLLM_ARGS": "--max-num-seqs 4"}
+    )
+    assert (from_env.path, from_env.processes, from_env.vllm_args) == ("native", 2, ("--max-num-seqs", "4"))
+    assert _render_settings(_args(), {}).path == "auto"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"render_path": "fast"}, "--render-path must be one of auto, native, general"),
+        ({"render_processes": 0}, "--render-processes must be positive"),
+        ({"vllm_args": "--chat-template 'unclosed"}, "--vllm-args cannot be split"),
+    ],
+)
+def test_bad_render_settings_say_which(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        _render_settings(_args(**values), {})
+
+
+def test_vllms_options_mirror_mmprep_settings_and_the_given_ones_come_last() -> None:
+    settings = RenderSettings(served_model_name="qwen", max_model_len=4096, normalized_pixels=True, vllm_args=("--x", "1"))
+    assert vllm_options(settings) == [
+        "--served-model-name",
+        "qwen",
+        "--max-model-len",
+        "4096",
+        "--no-mm-device-do-normalize",
+        "--x",
+        "1",
+    ]
+    assert vllm_options(RenderSettings()) == []
+
+
+class _FakeFetcher(fetching.Fetcher):
+    """The real URL checks, a canned body instead of the network."""
+
+    def __init__(self, bodies: dict[str, bytes]) -> None:
+        super().__init__(FetchSettings())
+        self.bodies = bodies
+        self.fetched: list[str] = []
+
+    async def fetch(self, url: str, what: str) -> bytes:
+        self._check_url(url, what)
+        self.fetched.append(url)
+        return self.bodies[url]
+
+
+def _chat(*parts: dict[str, Any]) -> bytes:
+    return json.dumps({"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "hi"}]}]}).encode()
+
+
+def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
+    fetcher = _FakeFetcher({"https://example.com/a.jpg": b"JPEG", "https://example.com/v.mp4": b"MP4"})
+    body = _chat(
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}},
+        {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    )
+    out = json.loads(asyncio.run(vllm_general.inline_media_urls(body, fetcher)))
+    urls = [p[p["type"]]["url"] for p in out["messages"][0]["content"] if p["type"] != "text"]
+    assert urls == [
+        "data:application/octet-stream;base64," + base64.b64encode(b"JPEG").decode(),
+        "data:application/octet-stream;base64," + base64.b64encode(b"MP4").decode(),
+        "data:image/png;base64,AAAA",
+    ]
+    assert fetcher.fetched == ["https://example.com/a.jpg", "https://example.com/v.mp4"]
+
+
+def test_a_body_without_urls_goes_on_byte_for_byte() -> None:
+    body = _chat({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+    assert asyncio.run(vllm_general.inline_media_urls(body, _FakeFetcher({}))) is body
+    assert asyncio.run(vllm_general.inline_media_urls(b"{not json http", _FakeFetcher({}))) == b"{not json http"
+
+
+def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
+    body = _chat({"type": "audio_url", "audio_url": {"url": "http://169.254.169.254/latest/meta-data"}})
+    with pytest.raises(errors.RequestError, match="not a public address"):
+        asyncio.run(vllm_general.inline_media_urls(body, _FakeFetcher({})))
