@@ -1,6 +1,8 @@
 # mmprep images from one file:
 #   docker build --target operator -t mmprep-operator .   # kopf operator, no torch
 #   docker build --target runtime  -t mmprep-runtime  .   # preprocessing server: torch, transformers
+#   docker build --target runtime-vllm -t mmprep-runtime-vllm .  # the same, with vLLM (mmprep[vllm]):
+#                                                          # the general render path, every model vLLM renders
 #
 # Needs BuildKit (RUN --mount). No `# syntax=` line on purpose: that would pull a frontend image,
 # and air-gapped machines have no registry; the built-in frontend of Docker >= 20.10 suffices.
@@ -60,7 +62,8 @@ RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=hack/docker/requirements.py,target=/src/requirements.py \
     mkdir /requirements \
  && python3 /src/requirements.py /src/pyproject.toml --extra operator > /requirements/operator.txt \
- && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /requirements/runtime.txt
+ && python3 /src/requirements.py /src/pyproject.toml --extra runtime > /requirements/runtime.txt \
+ && python3 /src/requirements.py /src/pyproject.toml --extra vllm > /requirements/vllm.txt
 
 # Dependencies, one stage per image, on the bare base (pip is only bind-mounted from `tools`): the
 # final image is this stage plus one small layer, so the 6 GB runtime venv is never copied twice.
@@ -92,6 +95,22 @@ RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
     python3 -m venv --without-pip /opt/venv \
  && mmprep-pip --python /opt/venv/bin/python install --requirement /src/requirements.txt
 
+# The vLLM flavor's dependencies: vLLM (the version the engine runs: pyproject's `vllm` extra) with
+# the torch and transformers it pins, and the runtime's light dependencies. ~10 GB; built only
+# when asked for (`--target runtime-vllm`).
+FROM base AS runtime-vllm-deps
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG WHEELHOUSE=off
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,from=requirements,source=/requirements/vllm.txt,target=/src/requirements.txt \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    --mount=type=bind,source=hack/docker/pip.sh,target=/usr/local/bin/mmprep-pip \
+    --mount=type=secret,id=pip-cert \
+    --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv --without-pip /opt/venv \
+ && mmprep-pip --python /opt/venv/bin/python install --requirement /src/requirements.txt
+
 # ---- operator: kopf + kubernetes client, no torch --------------------------------------------
 FROM operator-deps AS operator
 RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
@@ -110,5 +129,23 @@ RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
       install --no-deps --no-index /dist/*.whl
 USER 65532:65532
 EXPOSE 8080
+ENTRYPOINT ["mmprep-runtime"]
+CMD ["serve", "--help"]
+
+# ---- runtime-vllm: the preprocessing server with vLLM's own processing beside it ----------------
+# vLLM renders on the CPU here (no GPU kernels run in a render tier); its cache dirs go under /tmp
+# like every other cache, so the root filesystem stays read-only.
+FROM runtime-vllm-deps AS runtime-vllm
+ENV VLLM_TARGET_DEVICE=cpu \
+    VLLM_CACHE_ROOT=/tmp/.cache/vllm \
+    VLLM_CONFIG_ROOT=/tmp/.config/vllm \
+    VLLM_NO_USAGE_STATS=1 \
+    DO_NOT_TRACK=1
+RUN --mount=type=bind,from=tools,source=/opt/tools,target=/opt/tools \
+    --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    /opt/tools/bin/pip --disable-pip-version-check --python /opt/venv/bin/python \
+      install --no-deps --no-index /dist/*.whl
+USER 65532:65532
+EXPOSE 8000
 ENTRYPOINT ["mmprep-runtime"]
 CMD ["serve", "--help"]

@@ -61,7 +61,17 @@ def cases(kind: str, image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
             CHAT,
             {
                 "messages": [
-                    {"role": "user", "content": [{"type": "text", "text": "Compare them."}, *[_image(u) for u in mixed]]}
+                    {
+                        "role": "user",
+                        # Text between the images, as people write: (Gemma 3's image markers would
+                        # otherwise touch, which vLLM itself refuses.)
+                        "content": [
+                            {"type": "text", "text": "Compare"},
+                            _image(mixed[0]),
+                            {"type": "text", "text": "with"},
+                            _image(mixed[1]),
+                        ],
+                    }
                 ],
                 "max_tokens": 16,
             },

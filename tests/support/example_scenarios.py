@@ -39,6 +39,7 @@ def expected_pools(name: str, declared_workers: int | None) -> Expectation:
         "gpu-pool": {"nvidia-h200": ("gpu", 1, "GPUPathCap")},
         "explicit-override": {"cpu": ("cpu", 3, "Explicit")},
         "mixed-cluster": {"cpu": cpu_default, "nvidia-gb300": cpu_default, "nvidia-h200": ("cpu", 4, "Override")},
+        "vllm-render": {"cpu": cpu_default},
     }
     assert set(table) == set(example_names()), "every example needs an expectation here, and only examples"
     return table[name]

@@ -118,11 +118,15 @@ def compare(ours_raw: Any, theirs_raw: Any) -> dict[str, Any]:
                         )
                     elif x is not None:
                         _compare_items(label, decode_mm_kwargs_item(x), decode_mm_kwargs_item(y), problems)
-        first = decode_mm_kwargs_item(b.kwargs_data["image"][0]) if b.kwargs_data else None
+        # The pixel hand-off, where the first image item has pixel values under that name.
+        images = (b.kwargs_data or {}).get("image") or []
+        first = decode_mm_kwargs_item(images[0]) if images and images[0] is not None else None
+        pixels = first.get("pixel_values") if first is not None else None
         summary[str(index)] = {
             "tokens": len(ours.token_ids),
+            "items": {modality: len(hashes) for modality, hashes in b.mm_hashes.items()},
             "images": len(b.mm_hashes.get("image", [])),
-            "pixel_dtype": str(first["pixel_values"].data.dtype) if first else None,
+            "pixel_dtype": str(pixels.data.dtype) if pixels is not None else None,
             "bytes_ours": len(json.dumps(ours_json)),
             "bytes_vllm": len(json.dumps(theirs_json)),
         }

@@ -47,6 +47,8 @@ _FLOAT_FIELDS: Final = {
     "top_p": 1.0,
     "min_p": 0.0,
 }
+#: ``SamplingParams.max_tokens``' default.
+_MAX_TOKENS_DEFAULT: Final = 16
 #: Fields serialized only when they differ from ``SamplingParams``' defaults.
 _OTHER_DEFAULTS: Final = {
     "top_k": 0,
@@ -75,7 +77,10 @@ def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_
     stop = sampling.get("stop") or []
     params["stop"] = [stop] if isinstance(stop, str) else list(stop)
     params["stop_token_ids"] = list(sampling.get("stop_token_ids") or [])
-    params["max_tokens"] = max_tokens
+    # msgspec omits a field holding its very default object, and CPython keeps one object per small
+    # int: a max_tokens of 16 (SamplingParams' default) is left out of vLLM's answer.
+    if max_tokens != _MAX_TOKENS_DEFAULT:
+        params["max_tokens"] = max_tokens
     params["output_kind"] = _OUTPUT_KIND_DELTA if request.stream else _OUTPUT_KIND_FINAL_ONLY
     params["skip_clone"] = True
     params["bad_words"] = []

@@ -139,10 +139,11 @@ class VllmWorkerPool:
             for worker in list(pending):
                 assert worker.process is not None
                 if worker.process.poll() is not None:
+                    tail = worker.log_tail()  # before close() removes the logs with the sockets
                     self.close()
                     raise GeneralPathUnavailable(
                         f"vLLM {self.version}'s render server exited with {worker.process.returncode} while starting "
-                        f"on {self.model}:\n{worker.log_tail()}"
+                        f"on {self.model}:\n{tail}"
                     )
                 if _healthy(worker.socket_path):
                     worker.ready = True
@@ -250,6 +251,7 @@ class VllmWorkerPool:
             "processes": len(self._workers),
             "threads_per_process": 1,
             "ready_processes": sum(1 for w in self._workers if w.ready),
+            "pids": [w.process.pid if w.process is not None else None for w in self._workers],
             "restarts": sum(w.restarts for w in self._workers),
             "vllm_args": list(self.vllm_args),
         }

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The render tier against vLLM's render server, per model family: one run, interleaved rounds.
+
+For each family ``make-model`` builds (``mmprep_runtime.testing_families``), both servers serve the
+same folder on the same cores (the whole machine, nothing pinned) and get the same chat body (one
+1280x960 JPEG as a ``data:`` URI and a question):
+- vLLM: ``vllm launch render --mm-processor-cache-gb 0`` (one process, its cache off);
+- mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
+  the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
+  every other family (the general path).
+Before loading, one answer of each is judged equal by vLLM's own checker (``tests/support/
+vllm_check.py``). ``wrk`` loads one server at a time, every server once per round, the order
+alternating between rounds, so the machine's background load hits all of them alike. Per server:
+req/s, p50/p99, server CPU ms per request (the process tree), answer bytes.
+
+``python benchmarks/render/families.py [--families a,b] [--duration 10] [--rounds 3]`` (needs wrk:
+``hack/system-packages.sh bench``). Writes ``results-families.json`` and ``.md`` next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from typing import Any
+
+from mmprep_runtime import testing_families, testing_models
+from mmprep_runtime.commands import measuring
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.servers import free_port, vllm_render_command, vllm_render_env  # noqa: E402 - after the sys.path line
+
+
+def _render_benchmark() -> Any:
+    """The render benchmark's server driver (wrk, CPU accounting, summaries): one implementation."""
+    spec = importlib.util.spec_from_file_location("render_benchmark", HERE / "run_benchmark.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_BENCH = _render_benchmark()
+
+
+def _checked_equal(venv: pathlib.Path, ours: bytes, theirs: bytes, work: pathlib.Path) -> dict[str, Any]:
+    (work / "ours.json").write_bytes(ours)
+    (work / "theirs.json").write_bytes(theirs)
+    (work / "manifest.json").write_text(json.dumps({"one": [str(work / "ours.json"), str(work / "theirs.json")]}))
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(REPO / "tests" / "support" / "vllm_check.py"), str(work / "manifest.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["one"]
+    return result
+
+
+def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
+    folder = testing_models.make_model(kind, work / kind)
+    body_file, lua = work / f"{kind}.json", work / "post.lua"
+    body = measuring.request_body("vllm-render", (1280, 960), seed=1)
+    body_file.write_bytes(body)
+    lua.write_text(_BENCH.WRK_SCRIPT)
+    vllm_cmd = vllm_render_command(venv, folder, free_port(), normalized=False)
+    mmprep_cmd = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
+    mmprep_cmd += ["--host", "127.0.0.1", "--port", str(free_port()), "--log-level", "WARNING", "--render-path", "auto"]
+    mmprep_cmd += ["--vllm-args", "--mm-processor-cache-gb 0"]
+    mmprep_env = {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}
+    servers = [
+        _BENCH.Server("vLLM render", vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"{kind}-vllm.log"),
+        _BENCH.Server("mmprep", mmprep_cmd, mmprep_env, "/health", body_file, lua, 4, work / f"{kind}-mmprep.log"),
+    ]
+    try:
+        for server in servers:
+            server.wait()
+        vllm, mmprep = servers
+        theirs, ours = _BENCH.post(vllm.base, body), _BENCH.post(mmprep.base, body)
+        vllm.answer_bytes, mmprep.answer_bytes = len(theirs), len(ours)
+        equal = _checked_equal(venv, ours, theirs, work)
+        with urllib.request.urlopen(mmprep.base + "/v1/info", timeout=10) as response:
+            render = json.loads(response.read())["vllm_render"]
+        for server in servers:
+            server.load(args.warmup, measure=False)
+        for round_ in range(args.rounds):
+            for server in servers if round_ % 2 == 0 else list(reversed(servers)):
+                server.load(args.duration, measure=True)
+                print(f"{kind} round {round_ + 1}: {server.name}: {server.rounds[-1]['req_per_s']} req/s", file=sys.stderr)
+    finally:
+        for server in servers:
+            server.stop()
+    a, b = mmprep.summary(), vllm.summary()
+    return {
+        "path": render["path"],
+        "processes": (render.get("general") or {}).get("processes"),
+        "equal": equal["ok"],
+        "problems": equal["problems"],
+        "servers": [b, a],
+        "throughput_ratio": round(a["req_per_s"] / b["req_per_s"], 3),
+        "cpu_ratio": round(a["cpu_ms_per_request"] / b["cpu_ms_per_request"], 3),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# The render tier vs vLLM's render server, per family",
+        "",
+        f"{report['cpus']} CPUs, one 1280x960 JPEG per request, {report['rounds']} interleaved rounds of "
+        f"{report['duration_s']:g} s per server, `wrk -t1 -c4`; vLLM {report['vllm']} render with its processor "
+        f"cache off, mmprep `--render-path auto` with it off too. Load average at the start: {report['load_start']}.",
+        "",
+        "| family | mmprep path | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | answer MB | equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, row in report["families"].items():
+        path = row["path"] + (f" ({row['processes']} processes)" if row["processes"] else "")
+        for s in row["servers"]:
+            by_round = ", ".join(f"{x:.1f}" for x in s["req_per_s_by_round"])
+            lines.append(
+                f"| {kind} | {path} | {s['server']} | {s['req_per_s']} | {by_round} "
+                f"| {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['cpu_ms_per_request']} | {s['answer_bytes'] / 1e6:.2f} "
+                f"| {'yes' if row['equal'] else row['problems'][:2]} |"
+            )
+    lines += ["", "| family | mmprep / vLLM req/s | mmprep / vLLM CPU per request |", "|---|---|---|"]
+    lines += [f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x |" for k, r in report["families"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(testing_families.FAMILIES))
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per server per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=4.0)
+    parser.add_argument("--out", default=str(HERE))
+    args = parser.parse_args()
+    if not _BENCH._RUNTIME.have_wrk():
+        return 2
+    venv = pathlib.Path(
+        subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-family-bench-"))
+    report: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "load_start": [round(x, 2) for x in os.getloadavg()],
+        "vllm": subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip(),
+        "families": {},
+    }
+    for kind in [k for k in args.families.split(",") if k]:
+        report["families"][kind] = bench_family(kind, venv, args, work)
+        print(markdown(report), file=sys.stderr)
+    report["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    out = pathlib.Path(args.out)
+    (out / "results-families.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "results-families.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The general render path under bad input and a lost process: every refusal a 4xx in vLLM's error
+shape naming its cause, the pool serving on after each, a killed render process replaced.
+
+One server: ``mmprep-runtime serve --render-path general`` with two of vLLM's render processes on a
+Qwen3-VL folder (it takes images and video, not audio), vLLM's per-prompt limit set through
+``--vllm-args`` (``--limit-mm-per-prompt``) and image URLs allowed only from this machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pathlib
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.kube import REPO, wait_for
+from support.render_servers import Server, data_uri
+from support.servers import free_port, vllm_render_env
+
+from mmprep_runtime import testing_media, testing_models
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CHAT = "/v1/chat/completions/render"
+
+
+@pytest.fixture(scope="module")
+def general(vllm_venv: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("general-robustness")
+    folder = testing_models.make_model("qwen3-vl", work / "qwen3-vl")
+    command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
+    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-path", "general", "--render-processes", "2"]
+    command += ["--fetch-allowed-networks", "127.0.0.1/32"]
+    command += ["--vllm-args", """--mm-processor-cache-gb 0 --limit-mm-per-prompt '{"image": 1, "video": 1}'"""]
+    server = Server("mmprep", command, {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}, "/health", work / "log")
+    try:
+        yield server.wait()
+    finally:
+        server.stop()
+
+
+def _ask(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]}]}
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+GOOD = _ask(_image(data_uri(testing_media.jpeg(320, 240, seed=5), "image/jpeg")))
+
+
+def _assert_serving(server: Server) -> None:
+    status, answer = server.post(CHAT, GOOD)
+    assert status == 200 and answer["features"]["mm_hashes"]["image"], (status, str(answer)[:500])
+
+
+def _assert_vllm_error(status: int, answer: Any, *words: str) -> None:
+    assert 400 <= status < 500, (status, answer)
+    error = answer["error"]
+    # vLLM's ErrorResponse: message, type, param, code.
+    assert {"message", "type", "code"} <= set(error), error
+    assert all(word.lower() in error["message"].lower() for word in words), error["message"]
+
+
+_JPEG = testing_media.jpeg(320, 240, seed=9)
+BAD_REQUESTS = {
+    "a truncated image": (_ask(_image(data_uri(_JPEG[: len(_JPEG) // 3], "image/jpeg"))), ()),
+    "a corrupt video file": (
+        _ask({"type": "video_url", "video_url": {"url": data_uri(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4000), "video/mp4")}}),
+        (),
+    ),
+    "more images than the per-prompt limit": (
+        _ask(_image(data_uri(_JPEG, "image/jpeg")), _image(data_uri(_JPEG, "image/jpeg"))),
+        ("image",),
+    ),
+    "a modality the model does not take": (
+        _ask({"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF0000WAVE").decode(), "format": "wav"}}),
+        ("audio",),
+    ),
+    "a private address": (_ask(_image("http://10.1.2.3/cat.jpg")), ("10.1.2.3", "not a public address")),
+    "an unreachable address": (_ask(_image(f"http://127.0.0.1:{free_port()}/cat.jpg")), ("cannot connect",)),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_a_bad_request_gets_a_4xx_in_vllms_shape_and_the_pool_serves_on(general: Server, case: str) -> None:
+    body, words = BAD_REQUESTS[case]
+    status, answer = general.post(CHAT, body)
+    _assert_vllm_error(status, answer, *words)
+    _assert_serving(general)
+
+
+def test_a_killed_render_process_is_replaced_and_the_other_serves_meanwhile(general: Server) -> None:
+    info = general.get("/v1/info")[1]["vllm_render"]["general"]
+    assert info["ready_processes"] == 2 and info["restarts"] == 0, info
+    os.kill(info["pids"][0], signal.SIGKILL)
+    outcomes = []
+    for _ in range(6):
+        status, answer = general.post(CHAT, GOOD)
+        # A request the dying process held is refused as retryable; none is lost silently.
+        assert status == 200 or (status == 503 and answer["error"]["code"] in (503, "render_process_lost")), answer
+        outcomes.append(status)
+    assert outcomes.count(200) >= 5, outcomes
+    back = wait_for(
+        lambda: (i := general.get("/v1/info")[1]["vllm_render"]["general"])["ready_processes"] == 2 and i,
+        600,
+        what="the killed render process to be replaced",
+    )
+    assert back["restarts"] == 1 and back["pids"][0] != info["pids"][0], back
+    _assert_serving(general)
