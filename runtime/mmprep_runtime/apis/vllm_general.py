@@ -7,7 +7,8 @@ What mmprep adds in front of vLLM, and nothing else:
   base64 data URIs. vLLM decodes a URL's bytes and a data URI's bytes the same way, so the answer
   does not change, but vLLM never reaches the network on a client's say-so;
 - the request is leased to the process with the fewest requests in flight;
-- a process that dies mid-request gives a retryable 503, and the pool restarts it.
+- a process that cannot be connected to is skipped (the request goes to the next one); one that
+  dies mid-request gives a retryable 503; the pool restarts either.
 
 Everything else (the chat template, every modality, vLLM's limits such as ``--limit-mm-per-prompt``
 and ``--allowed-local-media-path``, the answer and every error's shape) is vLLM's own code.
@@ -94,7 +95,10 @@ class GeneralRenderer:
         session = self._sessions.get(socket_path)
         if session is None or session.closed:
             session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=socket_path),
+                # A connection per request (a Unix socket's costs microseconds): a process that died
+                # then shows as a refused connect, which nothing was sent on and which is safe to
+                # send elsewhere, never as a kept-alive connection failing mid-write.
+                connector=aiohttp.UnixConnector(path=socket_path, force_close=True),
                 timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S),
                 auto_decompress=False,
             )
@@ -103,27 +107,33 @@ class GeneralRenderer:
 
     async def render(self, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
         body = await inline_media_urls(body, self.fetcher)
-        try:
-            lease = self.pool.lease()
-            socket_path = lease.__enter__()
-        except vllm_pool.GeneralPathUnavailable as exc:
-            raise errors.NotReady(f"not ready: {exc}") from None
-        try:
-            async with self._session(socket_path).post(f"http://localhost{path}", data=body, headers=headers) as answer:
-                payload = await answer.read()
-                return web.Response(
-                    status=answer.status,
-                    body=payload,
-                    content_type=answer.content_type,
-                    charset=answer.charset,
-                )
-        except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as exc:
-            raise RenderProcessLost(
-                f"the render process stopped while it held this request ({type(exc).__name__}); retry",
-                headers={"Retry-After": "1"},
-            ) from None
-        finally:
-            lease.__exit__(None, None, None)
+        # A process that cannot be connected to got nothing: the request goes to the next one.
+        for _ in range(self.pool.processes):
+            try:
+                lease = self.pool.lease()
+                socket_path = lease.__enter__()
+            except vllm_pool.GeneralPathUnavailable as exc:
+                raise errors.NotReady(f"not ready: {exc}") from None
+            try:
+                return await self._forward(socket_path, path, body, headers)
+            except aiohttp.ClientConnectorError:
+                self.pool.lost(socket_path)
+            except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as exc:
+                # It had the request and died with it: the client may retry; this one is not resent
+                # here, as the request may be what ended the process.
+                self.pool.lost(socket_path)
+                raise RenderProcessLost(
+                    f"the render process stopped while it held this request ({type(exc).__name__}); retry",
+                    headers={"Retry-After": "1"},
+                ) from None
+            finally:
+                lease.__exit__(None, None, None)
+        raise errors.NotReady("not ready: no render process accepts connections; they are restarting")
+
+    async def _forward(self, socket_path: str, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
+        async with self._session(socket_path).post(f"http://localhost{path}", data=body, headers=headers) as answer:
+            payload = await answer.read()
+            return web.Response(status=answer.status, body=payload, content_type=answer.content_type, charset=answer.charset)
 
     async def close(self) -> None:
         for session in self._sessions.values():

@@ -219,6 +219,14 @@ class VllmWorkerPool:
                     worker.busy_seconds += time.monotonic() - worker.busy_since
                     worker.busy_since = None
 
+    def lost(self, socket_path: str) -> None:
+        """The worker on ``socket_path`` did not answer: lease it no more until the watcher sees it
+        answer again (or restarts it, when its process is gone)."""
+        with self._lock:
+            for worker in self._workers:
+                if worker.socket_path == socket_path:
+                    worker.ready = False
+
     # ---- what the server reports -----------------------------------------------------------
 
     @property
