@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -37,6 +36,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from support.render_servers import vllm_check  # noqa: E402 - after the sys.path line
 from support.servers import free_port, vllm_render_command, vllm_render_env  # noqa: E402 - after the sys.path line
 
 
@@ -53,17 +53,11 @@ _BENCH = _render_benchmark()
 
 
 def _checked_equal(venv: pathlib.Path, ours: bytes, theirs: bytes, work: pathlib.Path) -> dict[str, Any]:
+    """One pair of answers judged by vLLM's own checker (the compatibility tests' judge)."""
     (work / "ours.json").write_bytes(ours)
     (work / "theirs.json").write_bytes(theirs)
     (work / "manifest.json").write_text(json.dumps({"one": [str(work / "ours.json"), str(work / "theirs.json")]}))
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), str(REPO / "tests" / "support" / "vllm_check.py"), str(work / "manifest.json")],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["one"]
+    result: dict[str, Any] = vllm_check(venv, work / "manifest.json")["one"]
     return result
 
 
@@ -147,23 +141,14 @@ def main() -> int:
     args = parser.parse_args()
     if not _BENCH._RUNTIME.have_wrk():
         return 2
-    venv = pathlib.Path(
-        subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    venv, vllm_version = _BENCH.vllm_venv()
     work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-family-bench-"))
     report: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "duration_s": args.duration,
         "rounds": args.rounds,
         "load_start": [round(x, 2) for x in os.getloadavg()],
-        "vllm": subprocess.run(
-            [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip(),
+        "vllm": vllm_version,
         "families": {},
     }
     for kind in [k for k in args.families.split(",") if k]:

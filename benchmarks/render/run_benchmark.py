@@ -68,6 +68,22 @@ CHAT_PATH = "/v1/chat/completions/render"
 WRK_SCRIPT = _RUNTIME.WRK_SCRIPT
 
 
+def vllm_venv() -> tuple[pathlib.Path, str]:
+    """vLLM's virtualenv (installed on first use, cached by version) and the vLLM version in it."""
+    venv = pathlib.Path(
+        subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    version = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return venv, version
+
+
 def chat_body() -> bytes:
     """The chat request both servers get: one 1280x960 photo-like JPEG and a question."""
     return measuring.request_body("vllm-render", IMAGE_SIZE, seed=1)
@@ -310,21 +326,7 @@ def main() -> int:
     args = parser.parse_args()
     if not _RUNTIME.have_wrk():
         return 2
-    venv = pathlib.Path(
-        subprocess.run([str(REPO / "hack" / "vllm" / "venv.sh")], stdout=subprocess.PIPE, text=True, check=True)
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    vllm_version = (
-        subprocess.run(
-            [str(venv / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    venv, vllm_version = vllm_venv()
     modes = [m for m in args.modes.split(",") if m]
     work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-render-bench-"))
     model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")

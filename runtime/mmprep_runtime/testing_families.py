@@ -145,7 +145,8 @@ _CHATML: Final = {
     "assistant": ("<|im_start|>assistant\n", "<|im_end|>\n"),
     "system": ("<|im_start|>system\n", "<|im_end|>\n"),
 }
-_QWEN_TOKENS: Final = (
+#: Qwen's chat and vision special tokens (the ``qwen2-vl`` kind's too: ``testing_models``).
+QWEN_TOKENS: Final = (
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
@@ -573,8 +574,8 @@ _MISTRAL_CHAT: Final = ChatFormat(
 
 
 FAMILIES: Final[Mapping[str, Family]] = {
-    "qwen2.5-vl": Family(_qwen2_5_vl_processor, _qwen2_5_vl_model, _qwen_chat("You are a helpful assistant."), _QWEN_TOKENS),
-    "qwen3-vl": Family(_qwen3_vl_processor, _qwen3_vl_model, _qwen_chat(), _QWEN_TOKENS),
+    "qwen2.5-vl": Family(_qwen2_5_vl_processor, _qwen2_5_vl_model, _qwen_chat("You are a helpful assistant."), QWEN_TOKENS),
+    "qwen3-vl": Family(_qwen3_vl_processor, _qwen3_vl_model, _qwen_chat(), QWEN_TOKENS),
     "gemma3": Family(
         _gemma3_processor,
         _gemma3_model,

@@ -37,16 +37,7 @@ from typing import Any, Final
 
 from mmprep_runtime import declared, testing_families
 
-SPECIAL_TOKENS: Final = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<image>",
-)
+SPECIAL_TOKENS: Final = (*testing_families.QWEN_TOKENS, "<image>")
 LLAVA_IMAGE_TOKEN: Final = "<image>"
 QWEN_IMAGE_PLACEHOLDER: Final = "<|vision_start|><|image_pad|><|vision_end|>"
 

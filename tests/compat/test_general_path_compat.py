@@ -19,16 +19,13 @@ each pair: token ids, placeholders, mm_hashes, sampling params and every decoded
 
 from __future__ import annotations
 
-import copy
 import json
-import os
 import pathlib
-import subprocess
 from typing import Any
 
 import pytest
 from support.kube import REPO
-from support.render_servers import Server, data_uri, rgba_png
+from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, vllm_render_command, vllm_render_env
 
 from mmprep_runtime import testing_families, testing_media, testing_models
@@ -36,7 +33,6 @@ from mmprep_runtime import testing_families, testing_media, testing_models
 # Two servers start per family on a 2-core machine (vLLM's import and warm-up: 15-50 s each).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-CHECKER = REPO / "tests" / "support" / "vllm_check.py"
 FAMILIES = list(testing_families.FAMILIES)
 VIDEO_FAMILIES = [kind for kind, family in testing_families.FAMILIES.items() if family.chat.video]
 CHAT = "/v1/chat/completions/render"
@@ -141,21 +137,11 @@ def compared(vllm_venv: pathlib.Path, image_server: str, tmp_path_factory: pytes
     # The control: a copy of one good answer with one token changed must not pass.
     first = next(iter(manifest.values()))
     tampered = json.loads(pathlib.Path(first[0]).read_text())
-    tampered = copy.deepcopy(tampered)
     tampered["token_ids"][-1] += 1
     (work / "control.ours.json").write_text(json.dumps(tampered))
     manifest["control: one token changed"] = [str(work / "control.ours.json"), first[1]]
     (work / "manifest.json").write_text(json.dumps(manifest))
-    checked = subprocess.run(
-        [str(vllm_venv / "bin" / "python"), str(CHECKER), str(work / "manifest.json")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
-    )
-    assert checked.returncode == 0, checked.stderr[-3000:]
-    found["results"] = json.loads(checked.stdout.strip().splitlines()[-1])
+    found["results"] = vllm_check(vllm_venv, work / "manifest.json")
     return found
 
 

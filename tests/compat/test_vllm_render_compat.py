@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 from typing import Any
 
 import pytest
-from support.render_servers import Server, data_uri, rgba_png
+from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 
 from mmprep_runtime import testing_media, testing_models
@@ -27,9 +26,6 @@ from mmprep_runtime import testing_media, testing_models
 # The first test also pays for vLLM's virtualenv when it is not cached yet (`make test` installs it
 # before pytest starts) and for starting both servers.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-
-HERE = pathlib.Path(__file__).resolve().parent
-CHECKER = HERE.parent / "support" / "vllm_check.py"
 
 
 @pytest.fixture(scope="session")
@@ -137,16 +133,7 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, image_serv
             if ours_status == theirs_status == 200:
                 manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
         (work / "manifest.json").write_text(json.dumps(manifest))
-        checked = subprocess.run(
-            [str(vllm_venv / "bin" / "python"), str(CHECKER), str(work / "manifest.json")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
-        )
-        assert checked.returncode == 0, checked.stderr[-3000:]
-        results = json.loads(checked.stdout.strip().splitlines()[-1])
+        results = vllm_check(vllm_venv, work / "manifest.json")
         models = (mmprep.get("/v1/models"), vllm.get("/v1/models"))
         error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
         errors = (mmprep.post("/v1/chat/completions/render", error_body), vllm.post("/v1/chat/completions/render", error_body))

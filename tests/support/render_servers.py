@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pathlib
 import subprocess
 import urllib.error
@@ -85,3 +86,23 @@ class Server:
             self.process.kill()
             self.process.wait(30)
         self._out.close()
+
+
+#: vLLM's own judge of two answers (run by vLLM's Python; it imports nothing of mmprep).
+CHECKER = pathlib.Path(__file__).resolve().parent / "vllm_check.py"
+
+
+def vllm_check(venv: pathlib.Path, manifest: pathlib.Path) -> dict[str, Any]:
+    """Each case of ``manifest`` (name -> [ours.json, theirs.json]) judged by ``vllm_check.py`` in
+    vLLM's virtualenv, in one run (importing vLLM takes seconds): name -> {ok, problems, summary}."""
+    checked = subprocess.run(
+        [str(venv / "bin" / "python"), str(CHECKER), str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu"},
+    )
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    results: dict[str, Any] = json.loads(checked.stdout.strip().splitlines()[-1])
+    return results
