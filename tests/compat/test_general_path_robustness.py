@@ -9,9 +9,11 @@ Qwen3-VL folder (it takes images and video, not audio), vLLM's per-prompt limit 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pathlib
 import signal
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,3 +116,27 @@ def test_a_killed_render_process_is_replaced_and_the_other_serves_meanwhile(gene
     )
     assert back["restarts"] == 1 and back["pids"][0] != info["pids"][0], back
     _assert_serving(general)
+
+
+def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The operator's probe Job runs the image's `mmprep-runtime probe`; its answer (the resource's
+    status.probe.result) carries the vLLM version the render tier runs, read from the install."""
+    folder = testing_models.make_model("qwen3-vl", tmp_path / "qwen3-vl")
+    done = subprocess.run(
+        [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "probe", "--model", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    installed = subprocess.run(
+        [str(vllm_venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=vllm_render_env(),
+    ).stdout.strip()
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Qwen3VLProcessor", answer
