@@ -184,6 +184,12 @@ class ProbeAnswer(BaseModel):
     clone_seconds: float | None = Field(None, description="Time one deepcopy took.")
     path_if_gpu: Path | None = Field(None, description="The path the processor takes when given a GPU.")
     versions: dict[str, str] = Field(default_factory=dict, description="Library versions in the runtime image.")
+    render_path: str | None = Field(
+        None,
+        description="vllm-render's path for this model in this image under renderPath auto: native (mmprep's fast "
+        "path) or general (vLLM's own processing in worker processes).",
+    )
+    render_path_reason: str | None = Field(None, description="Why that path, and whether the other stands beside it.")
 
     def to_message(self) -> str:
         """The answer as the termination message: compact JSON that always fits its 4 KiB."""

@@ -140,3 +140,5 @@ def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: path
     ).stdout.strip()
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Qwen3VLProcessor", answer
+    # What the operator shows in status.probe.result: the path auto takes for this model here.
+    assert answer["render_path"] == "general" and "no native fast path" in answer["render_path_reason"], answer
