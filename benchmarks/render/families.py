@@ -8,7 +8,9 @@ same folder on the same cores (the whole machine, nothing pinned) and get the sa
 - mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
   the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
   every other family (the general path).
-Before loading, one answer of each is judged equal by vLLM's own checker (``tests/support/
+Per family also: the share of the processing that holds the GIL, and the throughput it predicts at
+16 and 64 cores for threads in one process and for one process per core (``gil_share``). Before
+loading, one answer of each is judged equal by vLLM's own checker (``tests/support/
 vllm_check.py``). ``wrk`` loads one server at a time, every server once per round, the order
 alternating between rounds, so the machine's background load hits all of them alike. Per server:
 req/s, p50/p99, server CPU ms per request (the process tree), answer bytes.
@@ -24,6 +26,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -61,6 +64,36 @@ def _checked_equal(venv: pathlib.Path, ours: bytes, theirs: bytes, work: pathlib
     return result
 
 
+def gil_share(folder: pathlib.Path, venv: pathlib.Path, work: pathlib.Path, seconds: float) -> dict[str, Any]:
+    """The share of a request's processing that holds the GIL, from how the family's HF processor
+    (the one vLLM calls, under vLLM's transformers) scales from one thread to two in one process
+    on two cores: with a share g, n threads give 1 / (g + (1 - g) / n) times one thread (Amdahl),
+    so g = 2 / speedup(2) - 1. vLLM's own per-request Python (its pydantic models, msgspec, the
+    hashing) holds the GIL too: this g is the floor for vLLM's processing, not its ceiling."""
+    out = work / f"{folder.name}-gil.json"
+    command = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "bench", "--model", str(folder)]
+    command += ["--workers", "1,2", "--intra-op-threads", "1", "--decode", "--image", "1280x960"]
+    command += ["--duration", f"{seconds:g}", "--rounds", "2", "--warmup", "2", "--json", str(out), "--no-progress"]
+    subprocess.run(command, env={**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}, capture_output=True, check=True)
+    rows = {r["workers"]: r for r in json.loads(out.read_text())["results"]}
+    one, two = rows[1]["req_per_s"], rows[2]["req_per_s"]
+    share = min(1.0, max(0.0, 2 * one / two - 1))
+
+    def threads(cores: int) -> float:
+        return one / (share + (1 - share) / cores)
+
+    return {
+        "thread_req_per_s": one,
+        "speedup_2_threads": round(two / one, 3),
+        "gil_share": round(share, 3),
+        # One process, n threads; n processes of one thread each (no GIL between them; memory
+        # bandwidth and the front end's own loop aside).
+        "predicted_req_per_s": {
+            str(n): {"threads": round(threads(n), 1), "threads_x_processes": round(n * one, 1)} for n in (16, 64)
+        },
+    }
+
+
 def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     folder = testing_models.make_model(kind, work / kind)
     body_file, lua = work / f"{kind}.json", work / "post.lua"
@@ -96,6 +129,7 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
             server.stop()
     a, b = mmprep.summary(), vllm.summary()
     return {
+        "gil": gil_share(folder, venv, work, args.gil_seconds),
         "path": render["path"],
         "processes": (render.get("general") or {}).get("processes"),
         "equal": equal["ok"],
@@ -128,6 +162,20 @@ def markdown(report: dict[str, Any]) -> str:
             )
     lines += ["", "| family | mmprep / vLLM req/s | mmprep / vLLM CPU per request |", "|---|---|---|"]
     lines += [f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x |" for k, r in report["families"].items()]
+    lines += [
+        "",
+        "The processing's GIL-held share (its HF processor from one thread to two in one process) and what it predicts:",
+        "",
+        "| family | 1 thread req/s | 2 threads speedup | GIL share | 16 cores: threads / processes "
+        "| 64 cores: threads / processes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, r in report["families"].items():
+        g, p16, p64 = r["gil"], r["gil"]["predicted_req_per_s"]["16"], r["gil"]["predicted_req_per_s"]["64"]
+        lines.append(
+            f"| {k} | {g['thread_req_per_s']} | {g['speedup_2_threads']:.2f}x | {g['gil_share']:.2f} "
+            f"| {p16['threads']} / {p16['threads_x_processes']} | {p64['threads']} / {p64['threads_x_processes']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +185,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per server per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=4.0)
+    parser.add_argument("--gil-seconds", type=float, default=6.0, help="seconds per thread count of the GIL measurement")
     parser.add_argument("--out", default=str(HERE))
     args = parser.parse_args()
     if not _BENCH._RUNTIME.have_wrk():
