@@ -33,6 +33,7 @@ ALL_FEATURES = {
     "prometheusRule": {"enabled": True},
     "watchNamespaces": ["team-a", "team-b"],
     "policy": {"overrides": [{"gpuFamily": "blackwell", "path": "gpu", "processor": 1}]},
+    "vllmRenderImage": {"repository": "mmprep-runtime-vllm"},
 }
 
 
@@ -104,6 +105,7 @@ def test_policy_values_are_accepted_by_the_operators_policy_parser(tmp_path: Pat
 
     values = {
         "runtimeImage": {"repository": "registry.example/mmprep-runtime", "tag": "1.2.3", "pullPolicy": "Always"},
+        "vllmRenderImage": {"repository": "registry.example/mmprep-runtime-vllm", "tag": "1.2.3"},
         "policy": {
             "overrides": [
                 {"gpuFamily": "blackwell", "path": "gpu", "processor": 1},
@@ -117,6 +119,7 @@ def test_policy_values_are_accepted_by_the_operators_policy_parser(tmp_path: Pat
     policy_file.write_text(configmap["data"]["policy.yaml"])
     policy = load_policy(policy_file)  # strict: an unknown key is an error
     assert policy.default_image == "registry.example/mmprep-runtime:1.2.3"
+    assert policy.vllm_render_image == "registry.example/mmprep-runtime-vllm:1.2.3"
     assert policy.image_pull_policy == "Always"
     assert [(o.gpu_family, o.gpu_product, o.path, o.processor) for o in policy.overrides] == [
         ("blackwell", None, "gpu", 1),
@@ -318,13 +321,14 @@ def test_monitoring_objects_are_off_by_default() -> None:
 def test_policy_values_schema_offers_exactly_the_operators_policy_keys() -> None:
     """values.schema.json's `policy` matches `mmprep-operator policy-schema` key for key.
 
-    defaultImage and imagePullPolicy are the exceptions: the chart derives them from runtimeImage.
+    defaultImage, imagePullPolicy and vllmRenderImage are the exceptions: the chart derives them
+    from runtimeImage and vllmRenderImage.
     """
     import json
 
     operator_schema = json.loads(operator_cli("policy-schema"))
     chart_schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["policy"]
-    derived = {"defaultImage", "imagePullPolicy"}
+    derived = {"defaultImage", "imagePullPolicy", "vllmRenderImage"}
     assert set(chart_schema["properties"]) == set(operator_schema["properties"]) - derived
     probe_ref = operator_schema["properties"]["probe"]["$ref"].rsplit("/", 1)[-1]
     assert set(chart_schema["properties"]["probe"]["properties"]) == set(operator_schema["$defs"][probe_ref]["properties"])

@@ -51,7 +51,8 @@ def test_dockerfile_pulls_no_frontend_and_has_no_architecture_specific_step() ->
 def test_final_stages_run_as_the_uid_the_operator_renders() -> None:
 
     users = re.findall(r"^USER (\S+)", DOCKERFILE, re.MULTILINE)
-    assert users == [f"{pod_parts.RUN_AS}:{pod_parts.RUN_AS}"] * 2
+    # operator, runtime and runtime-vllm
+    assert users == [f"{pod_parts.RUN_AS}:{pod_parts.RUN_AS}"] * 3
 
 
 def _requirements(*args: str) -> subprocess.CompletedProcess[str]:
@@ -61,7 +62,7 @@ def _requirements(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("extra", ["operator", "runtime"])
+@pytest.mark.parametrize("extra", ["operator", "runtime", "vllm"])
 def test_requirements_helper_lists_the_base_and_the_extras_dependencies(extra: str) -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     done = _requirements("--extra", extra)
@@ -75,6 +76,9 @@ def test_the_operator_image_gets_no_torch_and_the_runtime_image_does() -> None:
     runtime = _requirements("--extra", "runtime").stdout
     assert not re.search(r"^torch", operator, re.MULTILINE)
     assert re.search(r"^torch==", runtime, re.MULTILINE)
+    # The vLLM image takes the torch vLLM pins, not the runtime extra's.
+    flavor = _requirements("--extra", "vllm").stdout
+    assert re.search(r"^vllm==", flavor, re.MULTILINE) and not re.search(r"^torch", flavor, re.MULTILINE)
 
 
 def test_requirements_helper_refuses_an_unknown_extra() -> None:
