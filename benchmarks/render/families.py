@@ -152,7 +152,9 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, row in report["families"].items():
-        path = row["path"] + (f" ({row['processes']} processes)" if row["processes"] else "")
+        path = row["path"]
+        if row["processes"]:
+            path += f" ({row['processes']} processes)" if path == "general" else f" (+ {row['processes']} general fallback)"
         for s in row["servers"]:
             by_round = ", ".join(f"{x:.1f}" for x in s["req_per_s_by_round"])
             lines.append(
@@ -187,7 +189,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=4.0)
     parser.add_argument("--gil-seconds", type=float, default=6.0, help="seconds per thread count of the GIL measurement")
     parser.add_argument("--out", default=str(HERE))
+    parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the committed .json")
     args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    if args.markdown_only:
+        (out / "results-families.md").write_text(markdown(json.loads((out / "results-families.json").read_text())))
+        return 0
     if not _BENCH._RUNTIME.have_wrk():
         return 2
     venv, vllm_version = _BENCH.vllm_venv()
@@ -204,7 +211,6 @@ def main() -> int:
         report["families"][kind] = bench_family(kind, venv, args, work)
         print(markdown(report), file=sys.stderr)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    out = pathlib.Path(args.out)
     (out / "results-families.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "results-families.md").write_text(markdown(report))
     print(markdown(report))
