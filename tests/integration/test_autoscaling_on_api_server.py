@@ -224,7 +224,7 @@ def test_a_runtime_signal_without_keda_holds_the_pool_at_its_count_and_says_why(
 
 
 @pytest.fixture
-def keda_crd(cluster: Cluster, kube: Kube) -> Iterator[str]:
+def keda_crd(cluster: Cluster, kube: Kube) -> str:
     folder = Path(
         subprocess.run([str(REPO / "hack" / "keda-crds.sh")], capture_output=True, text=True, check=True).stdout.strip()
     )
@@ -235,8 +235,11 @@ def keda_crd(cluster: Cluster, kube: Kube) -> Iterator[str]:
         return any(c.type == "Established" and c.status == "True" for c in obj.status.conditions or [])
 
     wait_for(established, 30, what="KEDA's CRD Established")
-    yield KEDA_CRD
-    cluster.kubectl("delete", "crd", KEDA_CRD, "--ignore-not-found")
+    # Left installed for the rest of the session (the cluster goes with it): the session's operator
+    # watches ScaledObjects once the CRD exists, and kopf can fail the whole operator when a
+    # watched CRD is deleted under it mid-list (a 404 from the list call), which would leave every
+    # later test without an operator.
+    return KEDA_CRD
 
 
 def test_keda_is_detected_and_its_real_crd_accepts_the_scaled_object_rendered_per_pool(
