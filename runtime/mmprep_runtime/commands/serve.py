@@ -18,14 +18,16 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Final
 
 from aiohttp import web
 
 from mmprep_runtime import exits
 from mmprep_runtime.engine import cuda
+from mmprep_runtime.server import listener
 from mmprep_runtime.server import logs as server_logs
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
@@ -60,8 +62,12 @@ async def run_server(
         handler_cancellation=True,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-    await site.start()
+    # The sockets are made here rather than by the site so that the drain can stop new handshakes
+    # on them before they close (server/listener.py says why).
+    sockets = listener.listen(settings.host, settings.port)
+    sites = [web.SockSite(runner, sock) for sock in sockets]
+    for site in sites:
+        await site.start()
     logger.info("listening on %s:%d", settings.host, settings.port)
 
     stop = stop or asyncio.Event()
@@ -81,7 +87,7 @@ async def run_server(
         if state.startup_error is not None:
             exit_code = EXIT_DEVICE_FAILED if isinstance(state.startup_error, cuda.CudaUnavailable) else EXIT_LOAD_FAILED
             exits.write_termination_message(termination_log, str(state.startup_error))
-        await drain(state, site, runner, hurry)
+        await drain(state, sockets, runner, hurry)
     finally:
         failed.cancel()
         stopping.cancel()
@@ -96,16 +102,23 @@ async def run_server(
     return exit_code
 
 
+#: At most this long to accept the connections queued when the listener stops taking new ones.
+LISTENER_QUIESCE_SECONDS: Final = 1.0
+
+
 async def _until(event: asyncio.Event, timeout: float) -> None:
     """Wait ``timeout`` seconds, or less when ``event`` is set first."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
 
 
-async def drain(state: server_state.ServerState, site: web.BaseSite, runner: web.BaseRunner, hurry: asyncio.Event) -> None:
+async def drain(
+    state: server_state.ServerState, sockets: Sequence[socket.socket], runner: web.BaseRunner, hurry: asyncio.Event
+) -> None:
     """The drain (``server.drain`` has the phases and why): not ready while serving for the window,
-    then the listener and idle connections closed, then the requests in flight finished, at most
-    the shutdown timeout. Each phase is logged; ``hurry`` (a second signal) skips what is left."""
+    then the listener and idle connections closed (the queue of connections accepted first), then
+    the requests in flight finished, at most the shutdown timeout. Each phase is logged; ``hurry``
+    (a second signal) skips what is left."""
     load = state.settings.load
     state.drain.begin()
     state.metrics.draining.set(1)
@@ -118,7 +131,10 @@ async def drain(state: server_state.ServerState, site: web.BaseSite, runner: web
         logger.info("draining: not ready, no drain window (--drain-seconds 0, or never ready)")
     await _until(hurry, window)
     state.drain.close()
-    await site.stop()
+    if not hurry.is_set():
+        await listener.quiesce(sockets, LISTENER_QUIESCE_SECONDS)
+    for site in list(runner.sites):
+        await site.stop()
     if runner.server is not None:
         # Idle keep-alive connections close now; busy ones after their answer (Connection: close).
         runner.server.pre_shutdown()
