@@ -22,7 +22,8 @@ phase() {
   phase_end
   _phase_name=$1
   _phase_start=$(date +%s)
-  echo "== $_phase_name ($(date +%H:%M:%S))"
+  # Free disk at each phase: the kind tier needs about 20 GB while it loads the runtime image.
+  echo "== $_phase_name ($(date +%H:%M:%S), $(df -Pm / | awk 'NR == 2 { printf "%d", $4 / 1024 }') GB free)"
 }
 phase_summary() {
   phase_end

@@ -9,7 +9,8 @@
 # node's containerd side by side, unpacked, and then the compressed layers are dropped from each
 # content store, as containerd's discard_unpacked_layers does for pulled images: a node keeps the
 # unpacked snapshot and the image's manifest and config. Skips nodes that already hold the same
-# image id. When the disk cannot hold every node's import at once, the nodes load one at a time.
+# image id. When the disk cannot hold every node's import at once, the nodes load one at a time
+# from the same compressed copy.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
@@ -32,20 +33,23 @@ for node in "${todo[@]}"; do
   replaced[$node]=$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$ref" 2>/dev/null || true)
 done
 
-# The nodes' containerd stores live under the engine's data root. Each node needs the unpacked
-# image plus its compressed layers until they are dropped; the compressed copy on the host is about
-# half the image. Say so before a 6 GB import fails half way.
+# The nodes' containerd stores live under the engine's data root. Each node keeps the unpacked
+# image, and holds its compressed layers too until they are dropped; the compressed copy on the
+# host (about half the image) stays until every node has loaded. Loading N nodes at once peaks at
+# half the image plus 1.5 images per node; one at a time, at N + 1 images. Say so before a 6 GB
+# import fails half way.
 root=$(docker info -f '{{.DockerRootDir}}')
 size_mb=$(( $(docker image inspect -f '{{.Size}}' "$image") / 1048576 ))
 free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
-need_mb() { echo $(( size_mb / 2 + $1 * size_mb * 3 / 2 )); }
+at_once_mb=$(( size_mb / 2 + ${#todo[@]} * size_mb * 3 / 2 ))
+one_by_one_mb=$(( (${#todo[@]} + 1) * size_mb ))
 mkdir -p "$KIND_CACHE"
-if [ "$(free_mb "$root")" -ge "$(need_mb ${#todo[@]})" ]; then
+if [ "$(free_mb "$root")" -ge "$at_once_mb" ]; then
   groups=("${todo[*]}")
 else
-  [ "$(free_mb "$root")" -ge "$(need_mb 1)" ] ||
-    kdie "not enough disk to load $image: $(free_mb "$root") MB free under $root, about $(need_mb 1) MB needed per node"
-  klog "disk too tight to load ${#todo[@]} nodes at once ($(free_mb "$root") MB free): one at a time"
+  [ "$(free_mb "$root")" -ge "$one_by_one_mb" ] ||
+    kdie "not enough disk to load $image into ${#todo[@]} node(s): $(free_mb "$root") MB free under $root, about $one_by_one_mb MB needed (free space, e.g. docker builder prune, or old files under /tmp)"
+  klog "disk too tight to load ${#todo[@]} nodes at once ($(free_mb "$root") MB free, $at_once_mb MB needed): one at a time"
   groups=("${todo[@]}")
 fi
 work=$(mktemp -d "$KIND_CACHE/load.XXXXXX")

@@ -13,6 +13,7 @@ and the nodes unpack in parallel. Compression is gzip level 1 in independent mem
 on every core (a multi-member gzip file is valid; containerd reads it as one stream), with mtime 0
 and no name, so the same image always gives the same digests.
 
+The compressed layers stay in WORKDIR for the next group of nodes; the caller removes WORKDIR.
 Prints one line per node that failed, and exits 1 if any did.
 """
 
@@ -150,9 +151,21 @@ def write_archive(out: IO[bytes], ref: str, config: bytes, layers: list[dict[str
         add(archive, "index.json", json.dumps(index).encode())
 
 
-def main(image: str, ref: str, work: Path, nodes: list[str]) -> int:
+def compressed_image(image: str, work: Path) -> tuple[bytes, list[dict[str, object]]]:
+    """The compressed image in WORKDIR, made by the first call and reused by the next ones: when
+    the nodes load one group after another, the image is saved and compressed once."""
+    index = work / "image.json"
+    if index.exists():
+        saved = json.loads(index.read_text())
+        return bytes.fromhex(saved["config"]), saved["layers"]
     config, layers = compress_image(image, work)
     (work / "layers").write_text("\n".join(str(layer["digest"]) for layer in layers) + "\n")
+    index.write_text(json.dumps({"config": config.hex(), "layers": layers}))
+    return config, layers
+
+
+def main(image: str, ref: str, work: Path, nodes: list[str]) -> int:
+    config, layers = compressed_image(image, work)
     importers = {
         node: subprocess.Popen(
             [
@@ -179,8 +192,6 @@ def main(image: str, ref: str, work: Path, nodes: list[str]) -> int:
     fan = FanOut(importers)
     with io.BufferedWriter(fan, CHUNK) as out:
         write_archive(out, ref, config, layers)
-    for layer in layers:
-        Path(str(layer["path"])).unlink(missing_ok=True)
     bad = 0
     for node, proc in importers.items():
         assert proc.stdin is not None

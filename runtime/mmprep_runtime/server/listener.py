@@ -94,8 +94,9 @@ async def quiesce(sockets: Sequence[socket.socket], timeout: float) -> int:
     ``timeout`` seconds; returns how many sockets still had a queue when the time ran out."""
     stopped = [sock for sock in sockets if stop_handshakes(sock)]
     deadline = time.monotonic() + timeout
-    while stopped and pending(stopped) and time.monotonic() < deadline:
-        # The loop's accept callback runs between these polls; nothing signals an empty queue.
+    # A poll: the loop's accept callback runs between them, and nothing signals an empty queue (a
+    # second reader on the socket would replace the server's own in asyncio's selector loop).
+    while stopped and pending(stopped) and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(_POLL_S)
     left = sum(1 for sock in stopped if pending([sock]))
     if left:
