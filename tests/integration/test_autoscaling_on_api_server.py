@@ -224,7 +224,7 @@ def test_a_runtime_signal_without_keda_holds_the_pool_at_its_count_and_says_why(
 
 
 @pytest.fixture
-def keda_crd(cluster: Cluster, kube: Kube) -> str:
+def keda_crd(cluster: Cluster, kube: Kube) -> Iterator[str]:
     folder = Path(
         subprocess.run([str(REPO / "hack" / "keda-crds.sh")], capture_output=True, text=True, check=True).stdout.strip()
     )
@@ -235,14 +235,11 @@ def keda_crd(cluster: Cluster, kube: Kube) -> str:
         return any(c.type == "Established" and c.status == "True" for c in obj.status.conditions or [])
 
     wait_for(established, 30, what="KEDA's CRD Established")
-    # Left installed for the rest of the session (the cluster goes with it): the session's operator
-    # watches ScaledObjects once the CRD exists, and kopf can fail the whole operator when a
-    # watched CRD is deleted under it mid-list (a 404 from the list call), which would leave every
-    # later test without an operator.
-    return KEDA_CRD
+    yield KEDA_CRD
+    cluster.kubectl("delete", "crd", KEDA_CRD, "--ignore-not-found")
 
 
-def test_keda_is_detected_and_its_real_crd_accepts_the_scaled_object_rendered_per_pool(
+def test_keda_is_detected_its_crd_accepts_the_scaled_object_per_pool_and_uninstalling_keda_leaves_the_operator_working(
     cluster: Cluster, kube: Kube, operator: OperatorProcess, namespace: str, model_dir: Callable[..., Path], keda_crd: str
 ) -> None:
     busy = {
@@ -277,3 +274,17 @@ def test_keda_is_detected_and_its_real_crd_accepts_the_scaled_object_rendered_pe
     assert refused.returncode != 0 and "minReplicaCount must be less than or equal to maxReplicaCount" in refused.stderr, (
         refused.stderr
     )
+
+    # KEDA uninstalled under the running operator: its CRD goes, the ScaledObject with it, and the
+    # operator's watch of ScaledObjects hits 404s until kopf sees the deletion. The operator keeps
+    # running and reconciling: turning autoscaling off sizes the pool from spec.replicas again.
+    cluster.kubectl("delete", "crd", keda_crd, "--wait=true")
+    wait_for(
+        lambda: KEDA_CRD not in {c.metadata.name for c in kube.ext.list_custom_resource_definition().items},
+        60,
+        what="the CRD gone",
+    )
+    kube.patch_mmp(namespace, "keda", {"spec": {"autoscaling": None, "replicas": 3}})
+    wait_for(lambda: _deployment(kube, namespace).spec.replicas == 3, 120, what="3 fixed replicas after KEDA is gone")
+    kube.wait_mmp(namespace, "keda", lambda o: condition(o, "Autoscaling") is None, 60, what="no Autoscaling condition")
+    assert operator.healthy(), operator.tail()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import pathlib
 
 import kopf
+import pytest
 import yaml
+from kopf._cogs.clients import errors, watching
 
 from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.control import kopf_watch
 from mmprep_operator.control.controller import Controller
 from mmprep_operator.control.handlers import build_registry
 from mmprep_operator.control.metrics import Metrics
@@ -116,3 +120,49 @@ async def test_startup_filters_children_on_the_server_and_starts_the_workers() -
     }
     assert settings.posting.level == logging.WARNING
     assert StubState.started_with() == ["facts-a"]  # reads the live kopf index
+
+
+# ------------------------------------------------------------------------------ deleted CRDs
+
+
+def test_kopfs_endless_watch_calls_the_stream_the_fix_wraps_by_its_module_name() -> None:
+    # The fix replaces the module attribute; it only takes effect if kopf looks the name up there on
+    # each reconnection. A kopf upgrade that moves it fails here, not silently in a cluster.
+    assert "continuous_watch" in watching.infinite_watch.__code__.co_names
+    build_registry()
+    assert getattr(watching.continuous_watch, "_mmprep_tolerates_deleted_crds", False)
+
+
+def _streams(monkeypatch, failure: BaseException):
+    """kopf's per-stream generator, replaced by one that yields an event then fails, and wrapped."""
+
+    async def stream(**_: object):
+        yield {"type": "ADDED", "object": {}}
+        raise failure
+
+    monkeypatch.setattr(watching, "continuous_watch", stream)
+    monkeypatch.setattr(kopf_watch, "GONE_RETRY_SECONDS", 0.0)
+    kopf_watch.tolerate_deleted_crds()
+    wrapped = watching.continuous_watch
+    kopf_watch.tolerate_deleted_crds()
+    assert watching.continuous_watch is wrapped, "a second call does not wrap twice"
+
+    async def drain() -> list[object]:
+        return [event async for event in watching.continuous_watch(resource="scaledobjects.v1alpha1.keda.sh", namespace=None)]
+
+    return drain
+
+
+def test_a_404_from_a_watched_kinds_list_or_watch_ends_the_stream_instead_of_the_operator(monkeypatch, caplog) -> None:
+    drain = _streams(
+        monkeypatch, errors.APINotFoundError("the server could not find the requested resource", status=404, headers={})
+    )
+    with caplog.at_level(logging.INFO, "mmprep.operator.watch"):
+        assert asyncio.run(drain()) == [{"type": "ADDED", "object": {}}]
+    assert "its CRD was deleted" in caplog.text
+
+
+def test_any_other_watch_failure_still_reaches_kopf(monkeypatch) -> None:
+    drain = _streams(monkeypatch, errors.APIForbiddenError("forbidden", status=403, headers={}))
+    with pytest.raises(errors.APIForbiddenError):
+        asyncio.run(drain())
