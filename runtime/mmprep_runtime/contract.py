@@ -46,6 +46,8 @@ ENV_VLLM_ARGS: Final = "MMPREP_VLLM_ARGS"
 #: The drain on SIGTERM (``DrainEnv``): seconds of serving while not ready, then the most seconds
 #: in-flight requests may take.
 ENV_DRAIN_SECONDS: Final = "MMPREP_DRAIN_SECONDS"
+#: The signal that begins the runtime's drain ahead of SIGTERM (the preStop hook sends it).
+DRAIN_SIGNAL: Final = "USR1"
 ENV_SHUTDOWN_TIMEOUT_SECONDS: Final = "MMPREP_SHUTDOWN_TIMEOUT_SECONDS"
 #: Seconds the runtime may take to exit once its in-flight requests are done or timed out (its
 #: server's and pools' own stop is bounded well below this). The operator keeps them out of the
@@ -127,6 +129,23 @@ class DrainEnv:
             {"name": ENV_DRAIN_SECONDS, "value": str(self.drain_seconds)},
             {"name": ENV_SHUTDOWN_TIMEOUT_SECONDS, "value": str(self.shutdown_timeout_seconds)},
         ]
+
+    def pre_stop(self) -> dict[str, Any] | None:
+        """The container's preStop hook: it begins the runtime's drain (``DRAIN_SIGNAL``), then
+        waits out the window, after which the kubelet sends SIGTERM and the runtime closes. None
+        without a window. The runtime is the container's PID 1 (the image's exec-form entrypoint).
+
+        Why a hook that signals rather than a plain sleep: during a sleep the process would not know
+        it is stopping, so it would stay ready to its own probes and keep answering keep-alive
+        connections without ``Connection: close``; a client holding one would go on sending to this
+        pod past the sleep. Begun by the hook, the window is spent with every answer telling the
+        client to reconnect, through the Service, elsewhere. Where no hook runs (``docker stop``,
+        a kubelet that skips it), SIGTERM begins the same window itself.
+        """
+        if not self.drain_seconds:
+            return None
+        script = f"kill -{DRAIN_SIGNAL} 1; sleep {self.drain_seconds}"
+        return {"exec": {"command": ["/bin/sh", "-c", script]}}
 
 
 def parse_seconds(name: str, text: str, *, allow_zero: bool) -> float:

@@ -564,6 +564,15 @@ def _pool_pods(kube: Kube, name: str) -> list[client.V1Pod]:
     return [p for p in kube.pods(NAMESPACE, f"mmprep.dev/resource={name}") if not p.metadata.deletion_timestamp]
 
 
+def _runtime_log(kube: Kube, pod: client.V1Pod) -> str:
+    try:
+        return str(kube.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="runtime"))
+    except ApiException as e:
+        if e.status == 404:
+            raise AssertionError(f"{pod.metadata.name} was gone before its log showed what was waited for") from e
+        raise
+
+
 def test_metrics_server_reports_the_runtime_pods_cpu(kind: KindCluster) -> None:
     """The resource metrics API the CPU signal rests on, served by metrics-server on real kubelets."""
     expected = _apply_example(kind, "cpu-pool")
@@ -660,8 +669,17 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
             describe=lambda: _pool_of(kube, "elastic").get("autoscaling"),
         )
         # A rollout under the same trickle: a new pod first, then the old one drains.
-        old = {p.metadata.name for p in _pool_pods(kube, "elastic")}
+        (old_pod,) = _pool_pods(kube, "elastic")
+        old = {old_pod.metadata.name}
         kube.patch_mmp(NAMESPACE, "elastic", {"spec": {"env": [{"name": "MMPREP_TEST_ROLL", "value": "1"}]}})
+        # The kubelet runs the old pod's preStop hook, which begins the runtime's drain before SIGTERM:
+        # its log says so while it drains (the log goes with the pod, so it is read meanwhile).
+        wait_for(
+            lambda: "drain begun by the preStop hook" in _runtime_log(kube, old_pod),
+            600,
+            what="the old pod's drain begun by its preStop hook",
+            interval=0.5,
+        )
         wait_for(
             lambda: (
                 (pods := _pool_pods(kube, "elastic"))
@@ -676,6 +694,9 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
         shrunk = trickle.result(300)
         print(f"through the shrink and the rollout: {shrunk.summary}")
         assert shrunk.summary["failed"] == 0 and shrunk.summary["ok"] > 0, shrunk.summary
+
+        hook_failures = kube.core.list_namespaced_event(NAMESPACE, field_selector="reason=FailedPreStopHook").items
+        assert not hook_failures, [e.message for e in hook_failures]
 
         # The other pool was left alone, and the operator never owned an autoscaled replica count.
         idle_pool = _pool_of(kube, "elastic-idle")

@@ -52,7 +52,9 @@ def test_a_deleted_runtime_pod_drains_under_load_with_no_failed_request(
     env = container_env(deployment)
     # The in-flight time is what the grace period leaves after the window and the runtime's stop.
     assert (env["MMPREP_DRAIN_SECONDS"], env["MMPREP_SHUTDOWN_TIMEOUT_SECONDS"]) == ("5", "15")
-    assert template.containers[0].lifecycle is None, "no preStop: the runtime's own window does the waiting"
+    # The hook begins the drain on a real kubelet (the kind tier sees it); this tier's test kubelet
+    # sends SIGTERM alone, the path where no hook ran, on which the runtime begins the same window.
+    assert template.containers[0].lifecycle.pre_stop._exec.command == ["/bin/sh", "-c", "kill -USR1 1; sleep 5"]
 
     [pod] = wait_for(
         lambda: [p for p in kube.pods(namespace, "mmprep.dev/pool") if p.status.phase == "Running"], 30, what="the pod"

@@ -1,11 +1,12 @@
 """How runtime pods stop (``spec.drain``): the drain window and the pod's grace period.
 
 A deleted runtime pod (scale-down, rolling update, eviction) drains (the runtime's
-``server.drain``): on SIGTERM it turns not ready and keeps serving for ``seconds`` while its
-endpoint's removal reaches every proxy, then closes its listener and lets the requests in flight
-finish. The grace period bounds it all; what is left of it after the window and the runtime's own
-stop (``contract.SHUTDOWN_STOP_SECONDS``) is the time in-flight requests get, so nothing here can
-be set that Kubernetes would cut off with SIGKILL.
+``server.drain``): its preStop hook tells the runtime to turn not ready and keep serving, every
+answer closing its connection, for ``seconds`` while the endpoint's removal reaches every proxy;
+then the kubelet's SIGTERM closes its listener and lets the requests in flight finish. The grace
+period bounds it all; what is left of it after the window and the runtime's own stop
+(``contract.SHUTDOWN_STOP_SECONDS``) is the time in-flight requests get, so nothing here can be
+set that Kubernetes would cut off with SIGKILL.
 """
 
 from __future__ import annotations

@@ -165,15 +165,13 @@ def render_deployment(
     }
     if envs_from := env_from(spec):
         container["envFrom"] = envs_from
+    if pre_stop := spec.drain.runtime_env().pre_stop():
+        container["lifecycle"] = {"preStop": pre_stop}
     if (pull := pull_policy_of(spec, policy)) is not None:
         container["imagePullPolicy"] = pull
     pod_spec: dict[str, Any] = {
-        # The runtime drains on SIGTERM within this (``api.drain``). No preStop hook: the drain
-        # window is the runtime's own, begun by SIGTERM, which Kubernetes sends as it starts
-        # removing the pod's endpoint. A preStop sleep (an exec of `sleep`, or the kubelet's sleep
-        # action) would spend that same time with the process unaware it is stopping: keep-alive
-        # connections kept open and answered without `Connection: close`, so a client holding one
-        # goes on sending to this pod past the sleep, and the drain would still be needed after it.
+        # The hook's window, then the runtime's stop, all within this (``api.drain``; the hook and
+        # why it signals rather than sleeps: ``contract.DrainEnv.pre_stop``).
         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds,
         **pod_identity(spec),
         "containers": [container],

@@ -2,7 +2,8 @@
 
 On SIGTERM (what Kubernetes sends before killing a pod) or SIGINT the server drains
 (``server.drain``): readiness turns 503 at once while requests are still served for the drain
-window (``--drain-seconds``), then the listening socket closes, in-flight requests finish (up to
+window (``--drain-seconds``; a SIGUSR1, which the pod's preStop hook sends, begins it earlier and
+SIGTERM then waits only for what is left of it), then the listening socket closes, in-flight requests finish (up to
 ``--shutdown-timeout``), the pools stop, and the process exits 0. A second signal skips what is
 left of the drain. A processor that fails to load exits 1, and a
 CUDA device that cannot be started or warmed exits 3, with the reason on stderr and, given
@@ -20,12 +21,13 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Final
 
 from aiohttp import web
 
-from mmprep_runtime import exits
+from mmprep_runtime import contract, exits
 from mmprep_runtime.engine import cuda
 from mmprep_runtime.server import listener
 from mmprep_runtime.server import logs as server_logs
@@ -76,6 +78,9 @@ async def run_server(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: hurry.set() if stop.is_set() else stop.set())
+    # The pod's preStop hook begins the drain before SIGTERM (``server.drain``): the window is then
+    # spent with the process aware of it, and SIGTERM finds it over.
+    loop.add_signal_handler(DRAIN_SIGNAL, begin_drain, state, f"the preStop hook (SIG{contract.DRAIN_SIGNAL})")
 
     failed = asyncio.create_task(state.settled.wait())
     stopping = asyncio.create_task(stop.wait())
@@ -91,7 +96,7 @@ async def run_server(
     finally:
         failed.cancel()
         stopping.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, DRAIN_SIGNAL):
             loop.remove_signal_handler(sig)
     await runner.cleanup()
     logger.info(
@@ -102,6 +107,8 @@ async def run_server(
     return exit_code
 
 
+#: What the preStop hook sends (``contract.DrainEnv.pre_stop``).
+DRAIN_SIGNAL: Final = signal.Signals[f"SIG{contract.DRAIN_SIGNAL}"]
 #: At most this long to accept the connections queued when the listener stops taking new ones.
 LISTENER_QUIESCE_SECONDS: Final = 1.0
 
@@ -112,6 +119,13 @@ async def _until(event: asyncio.Event, timeout: float) -> None:
         await asyncio.wait_for(event.wait(), timeout)
 
 
+def begin_drain(state: server_state.ServerState, by: str) -> None:
+    """Not ready from now on, still serving, every answer closing its connection; a no-op once begun."""
+    if state.drain.begin(time.monotonic()):
+        state.metrics.draining.set(1)
+        logger.info("drain begun by %s: not ready, still serving", by)
+
+
 async def drain(
     state: server_state.ServerState, sockets: Sequence[socket.socket], runner: web.BaseRunner, hurry: asyncio.Event
 ) -> None:
@@ -120,16 +134,20 @@ async def drain(
     the requests in flight finished, at most the shutdown timeout. Each phase is logged; ``hurry``
     (a second signal) skips what is left."""
     load = state.settings.load
-    state.drain.begin()
-    state.metrics.draining.set(1)
-    # A pod that never became ready was in no endpoints: nothing can be on its way to it.
+    begin_drain(state, "SIGTERM")
+    # A pod that never became ready was in no endpoints: nothing can be on its way to it. A drain
+    # begun by the preStop hook has spent its window (or part of it) already.
     window = load.drain_s if state.engine is not None else 0.0
-    if window:
+    spent = time.monotonic() - (state.drain.began_at or time.monotonic())
+    left = max(0.0, window - spent)
+    if left:
         in_flight = state.admission.in_flight if state.admission else 0
-        logger.info("draining: not ready, still serving for %g s, %d request(s) in flight", window, in_flight)
+        logger.info("draining: not ready, still serving for %.3g s more, %d request(s) in flight", left, in_flight)
+    elif window:
+        logger.info("draining: the window (%g s) was spent since the preStop hook began the drain", window)
     else:
         logger.info("draining: not ready, no drain window (--drain-seconds 0, or never ready)")
-    await _until(hurry, window)
+    await _until(hurry, left)
     state.drain.close()
     if not hurry.is_set():
         await listener.quiesce(sockets, LISTENER_QUIESCE_SECONDS)

@@ -2,7 +2,8 @@
 
 ``SERVING`` -> ``DRAINING`` -> ``CLOSING`` -> ``STOPPED``, forward only:
 
-- ``DRAINING`` (from SIGTERM, for the drain window): readiness answers 503 at once, liveness
+- ``DRAINING`` (for the drain window, from the pod's preStop hook, which sends SIGUSR1, or from
+  SIGTERM where no hook ran): readiness answers 503 at once, liveness
   stays 200; the listener still accepts and every request is served as before. Kubernetes takes
   the pod out of its Service's endpoints when it starts terminating, but each proxy, ingress and
   client learns it a little later: connections keep arriving for a few seconds, and this window
@@ -40,6 +41,8 @@ class Drain:
 
     def __init__(self) -> None:
         self.phase = Phase.SERVING
+        #: When the drain began (a monotonic clock's reading), for the window's accounting.
+        self.began_at: float | None = None
         #: Requests answered since the drain began: served (any answer but a drain refusal), and
         #: refused because the server was closing; the last log line reports them.
         self.served = 0
@@ -52,9 +55,13 @@ class Drain:
         self.phase = to
         return True
 
-    def begin(self) -> bool:
-        """SIGTERM: not ready from now on, still serving. False when the drain had begun."""
-        return self._advance(Phase.DRAINING)
+    def begin(self, now: float | None = None) -> bool:
+        """The preStop hook's SIGUSR1, or SIGTERM: not ready from now on, still serving. False when
+        the drain had begun (its start stays the first one's)."""
+        if not self._advance(Phase.DRAINING):
+            return False
+        self.began_at = now
+        return True
 
     def close(self) -> bool:
         """The window is over: refuse what still arrives, let in-flight requests finish."""

@@ -4,6 +4,7 @@ runtime reads back as its window and shutdown timeout, which together fit in tha
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 from conftest import make_node
@@ -13,6 +14,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.logic import identity, pod_parts
 from mmprep_operator.logic.plan import make_plan
 from mmprep_runtime import cli
+from mmprep_runtime.commands import serve
 from mmprep_runtime.contract import ENV_DRAIN_SECONDS, ENV_SHUTDOWN_TIMEOUT_SECONDS, SHUTDOWN_STOP_SECONDS
 from mmprep_runtime.settings import serve_settings_from_args
 
@@ -47,10 +49,22 @@ def test_by_default_pods_get_a_10_s_window_and_30_s_for_requests_in_flight_withi
     container = _runtime(deployment)
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
     assert (_env(container)[ENV_DRAIN_SECONDS], _env(container)[ENV_SHUTDOWN_TIMEOUT_SECONDS]) == ("10", "30")
-    # The runtime's own drain window does the waiting: no preStop hook (render.py says why).
-    assert "lifecycle" not in container
+    # The preStop hook begins the runtime's drain (the signal its serve command handles), then waits
+    # out the window; the kubelet's SIGTERM comes after it.
+    assert container["lifecycle"] == {"preStop": {"exec": {"command": ["/bin/sh", "-c", "kill -USR1 1; sleep 10"]}}}
     load = _runtime_load(container)
     assert (load.drain_s, load.shutdown_grace_s) == (10.0, 30.0)
+
+
+def test_without_a_window_there_is_no_prestop_hook_and_sigterm_alone_stops_the_pod() -> None:
+    container = _runtime(_deployment({"drain": {"seconds": 0, "gracePeriodSeconds": 6}}))
+    assert "lifecycle" not in container
+
+
+def test_the_hooks_signal_is_the_one_the_runtime_begins_its_drain_on() -> None:
+    (script,) = _runtime(_deployment({}))["lifecycle"]["preStop"]["exec"]["command"][2:]
+    sent = script.split()[1].lstrip("-")
+    assert signal.Signals[f"SIG{sent}"] == serve.DRAIN_SIGNAL
 
 
 def test_the_runtime_reads_back_a_drain_that_fits_in_the_grace_period_it_is_given() -> None:

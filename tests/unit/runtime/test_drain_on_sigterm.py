@@ -224,8 +224,55 @@ def test_serve_drains_under_load_on_sigterm_with_no_failed_request_and_exits_zer
     first_undelivered = min(a.sent for a in attempts if a.outcome == NOT_DELIVERED)
     assert first_undelivered - sigterm >= DRAIN_SECONDS - 0.5, "the listener stayed open through the window"
     assert stopped - sigterm < DRAIN_SECONDS + 25 + 5, "the exit came within the drain and the shutdown timeout"
-    for phase in ("draining: not ready, still serving for 5 s", "drain window over: listener closed", "stopped:"):
+    for phase in ("drain begun by SIGTERM", "still serving for 5 s more", "drain window over: listener closed", "stopped:"):
         assert phase in stderr, f"{phase!r} not logged:\n{stderr}"
+
+
+#: The hook's window in the preStop test: long enough that a second window would show.
+HOOK_WINDOW_SECONDS = 6.0
+
+
+@pytest.mark.slow
+def test_the_prestop_hooks_sigusr1_begins_the_drain_and_sigterm_then_waits_only_for_what_is_left(qwen_dir):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_DRAIN_SECONDS": str(HOOK_WINDOW_SECONDS)}
+    process = subprocess.Popen(
+        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    small = json.dumps({"text": QWEN_TEXT, "images": [b64(jpeg(64, 48))]}).encode()
+    try:
+        wait_for(lambda: process.poll() is None and _ready(base), TIMEOUT, what="the server ready", interval=0.05)
+        with Load(f"{base}/v1/preprocess", small, clients=1) as steady:
+            steady.wait_for(lambda attempts: len(attempts) >= 2, TIMEOUT)
+            # What the operator's preStop hook does: `kill -USR1 1; sleep <window>`, then the kubelet
+            # sends SIGTERM.
+            hook = time.monotonic()
+            process.send_signal(signal.SIGUSR1)
+            wait_for(lambda: _get(f"{base}/readyz") == 503, TIMEOUT, what="readiness 503", interval=0.02)
+            steady.wait_for(lambda attempts: any(a.outcome == OK and a.closed_connection for a in attempts), TIMEOUT)
+            time.sleep(max(0.0, hook + HOOK_WINDOW_SECONDS - time.monotonic()))  # the hook's own sleep
+            sigterm = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            steady.wait_for(lambda attempts: any(a.outcome == NOT_DELIVERED for a in attempts), TIMEOUT)
+        assert process.wait(TIMEOUT) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+        stderr = process.stderr.read().decode() if process.stderr else ""
+        if process.stderr:
+            process.stderr.close()
+
+    attempts = steady.tally.attempts
+    assert not [a for a in attempts if a.outcome == FAILED], (attempts, stderr)
+    first_undelivered = min(a.sent for a in attempts if a.outcome == NOT_DELIVERED)
+    assert first_undelivered - sigterm < HOOK_WINDOW_SECONDS - 1, "SIGTERM did not begin a second window"
+    for line in ("drain begun by the preStop hook (SIGUSR1)", "the window (6 s) was spent since the preStop hook"):
+        assert line in stderr, f"{line!r} not logged:\n{stderr}"
 
 
 def _ready(base: str) -> bool:
