@@ -271,8 +271,10 @@ def test_the_prestop_hooks_sigusr1_begins_the_drain_and_sigterm_then_waits_only_
     assert not [a for a in attempts if a.outcome == FAILED], (attempts, stderr)
     first_undelivered = min(a.sent for a in attempts if a.outcome == NOT_DELIVERED)
     assert first_undelivered - sigterm < HOOK_WINDOW_SECONDS - 1, "SIGTERM did not begin a second window"
-    for line in ("drain begun by the preStop hook (SIGUSR1)", "the window (6 s) was spent since the preStop hook"):
-        assert line in stderr, f"{line!r} not logged:\n{stderr}"
+    assert "drain begun by the preStop hook (SIGUSR1)" in stderr, stderr
+    # The hook's sleep and the runtime's window end together: SIGTERM finds the window spent, or a
+    # moment of it left (the signal reaches the event loop a little after the hook sent it).
+    assert "drain begun by SIGTERM" not in stderr and "still serving for 6 s more" not in stderr, stderr
 
 
 def _ready(base: str) -> bool:
