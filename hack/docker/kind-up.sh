@@ -173,18 +173,21 @@ log "installing the chart"
 "$HELM" upgrade --install mmprep "$repo/charts/mmprep" --kubeconfig "$KIND_KUBECONFIG" \
   --namespace mmprep-system --create-namespace --set "tests.namespace=$KIND_NAMESPACE" --wait --timeout 300s >&2
 phase "chart installed"
-# Started before the chart so that its first scrapes overlap the install; Available once it has.
-k wait --for=condition=Available apiservice/v1beta1.metrics.k8s.io --timeout=300s >&2
-# Available is not enough: this API server has been seen answering 404 for an APIService added
-# while it ran (its aggregator never routed the group) until it restarted. Check the real path, and
-# restart the API server once (kubelet brings its static pod back) when it does not route.
-metrics_api() { k get --raw /apis/metrics.k8s.io/v1beta1/nodes >/dev/null 2>&1; }
-for _ in $(seq 30); do metrics_api && break; sleep 2; done
-if ! metrics_api; then
-  log "the API server does not route metrics.k8s.io: restarting it once"
+# Started before the chart so that its first scrapes overlap the install. This API server has been
+# seen not routing an APIService added while it ran, in two ways, both until it restarted: its
+# availability check of the service answered 404 (Available stays False, FailedDiscoveryCheck,
+# while metrics-server itself answers that path), or the APIService was Available and the group
+# answered 404. So: wait for Available and the real path, and restart the API server once (the
+# kubelet brings its static pod back) when either does not come.
+metrics_api() {
+  k wait --for=condition=Available apiservice/v1beta1.metrics.k8s.io --timeout="$1" >/dev/null 2>&1 &&
+    k get --raw /apis/metrics.k8s.io/v1beta1/nodes >/dev/null 2>&1
+}
+metrics_up() { local tries=$1; for _ in $(seq "$tries"); do metrics_api 5s && return 0; sleep 2; done; return 1; }
+if ! metrics_up 30; then
+  log "metrics.k8s.io is not served through the API server ($(k get apiservice v1beta1.metrics.k8s.io --no-headers 2>&1)): restarting it once"
   docker exec "${nodes[0]}" sh -c 'crictl stop $(crictl ps -q --name kube-apiserver)' >&2
-  for _ in $(seq 120); do metrics_api && break; sleep 2; done
-  metrics_api || die "metrics.k8s.io does not answer through the API server"
+  metrics_up 60 || die "metrics.k8s.io does not answer through the API server: $(k get apiservice v1beta1.metrics.k8s.io --no-headers 2>&1)"
 fi
 phase "metrics-server available"
 echo "$KIND_KUBECONFIG"
