@@ -645,6 +645,7 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
             describe=lambda: _pool_of(kube, "elastic").get("autoscaling"),
         )
         print(f"seconds from the load's start to 3 ready pods: {time.monotonic() - started:.0f}")
+        grown_pods = {p.metadata.name for p in _pool_pods(kube, "elastic")}
         wait_for(
             lambda: [e for e in kube.events(NAMESPACE, "elastic") if e.reason == "PoolAtMaxReplicas"],
             120,
@@ -695,8 +696,12 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
         print(f"through the shrink and the rollout: {shrunk.summary}")
         assert shrunk.summary["failed"] == 0 and shrunk.summary["ok"] > 0, shrunk.summary
 
-        hook_failures = kube.core.list_namespaced_event(NAMESPACE, field_selector="reason=FailedPreStopHook").items
-        assert not hook_failures, [e.message for e in hook_failures]
+        # Every pod the shrink and the rollout stopped ran its hook to the end. (Only this pool's: a
+        # pod whose runtime exits by itself while its hook runs, as the GPU example's does on this
+        # GPU-less cluster, fails its hook, and its Events share the namespace.)
+        events = kube.core.list_namespaced_event(NAMESPACE, field_selector="reason=FailedPreStopHook").items
+        hook_failures = [e.involved_object.name for e in events if e.involved_object.name in grown_pods | old]
+        assert not hook_failures, hook_failures
 
         # The other pool was left alone, and the operator never owned an autoscaled replica count.
         idle_pool = _pool_of(kube, "elastic-idle")
