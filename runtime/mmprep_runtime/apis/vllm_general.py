@@ -109,25 +109,23 @@ class GeneralRenderer:
         body = await inline_media_urls(body, self.fetcher)
         # A process that cannot be connected to got nothing: the request goes to the next one.
         for _ in range(self.pool.processes):
+            # Only taking the lease raises GeneralPathUnavailable (no process is ready).
             try:
-                lease = self.pool.lease()
-                socket_path = lease.__enter__()
+                with self.pool.lease() as socket_path:
+                    try:
+                        return await self._forward(socket_path, path, body, headers)
+                    except aiohttp.ClientConnectorError:
+                        self.pool.lost(socket_path)
+                    except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as exc:
+                        # It had the request and died with it: the client may retry; this one is not
+                        # resent here, as the request may be what ended the process.
+                        self.pool.lost(socket_path)
+                        raise RenderProcessLost(
+                            f"the render process stopped while it held this request ({type(exc).__name__}); retry",
+                            headers={"Retry-After": "1"},
+                        ) from None
             except vllm_pool.GeneralPathUnavailable as exc:
                 raise errors.NotReady(f"not ready: {exc}") from None
-            try:
-                return await self._forward(socket_path, path, body, headers)
-            except aiohttp.ClientConnectorError:
-                self.pool.lost(socket_path)
-            except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as exc:
-                # It had the request and died with it: the client may retry; this one is not resent
-                # here, as the request may be what ended the process.
-                self.pool.lost(socket_path)
-                raise RenderProcessLost(
-                    f"the render process stopped while it held this request ({type(exc).__name__}); retry",
-                    headers={"Retry-After": "1"},
-                ) from None
-            finally:
-                lease.__exit__(None, None, None)
         raise errors.NotReady("not ready: no render process accepts connections; they are restarting")
 
     async def _forward(self, socket_path: str, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
