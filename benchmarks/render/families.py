@@ -146,7 +146,12 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['cpus']} CPUs, one 1280x960 JPEG per request, {report['rounds']} interleaved rounds of "
         f"{report['duration_s']:g} s per server, `wrk -t1 -c4`; vLLM {report['vllm']} render with its processor "
-        f"cache off, mmprep `--render-path auto` with it off too. Load average at the start: {report['load_start']}.",
+        f"cache off, mmprep `--render-path auto` with it off too. "
+        + (
+            "Families re-measured with `--merge` come from a later run: load averages per family below."
+            if any("load" in row for row in report["families"].values())
+            else f"Load average at the start: {report['load_start']}."
+        ),
         "",
         "| family | mmprep path | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | answer MB | equal |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -162,6 +167,10 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['cpu_ms_per_request']} | {s['answer_bytes'] / 1e6:.2f} "
                 f"| {'yes' if row['equal'] else row['problems'][:2]} |"
             )
+    loads = {kind: row["load"][0] for kind, row in report["families"].items() if "load" in row}
+    if loads:
+        lines += ["", "Load average (1, 5, 15 min) as each family's measurement began:", ""]
+        lines += [f"- {kind}: {load}" for kind, load in loads.items()]
     lines += ["", "| family | mmprep / vLLM req/s | mmprep / vLLM CPU per request |", "|---|---|---|"]
     lines += [f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x |" for k, r in report["families"].items()]
     lines += [
@@ -190,6 +199,12 @@ def main() -> int:
     parser.add_argument("--gil-seconds", type=float, default=6.0, help="seconds per thread count of the GIL measurement")
     parser.add_argument("--out", default=str(HERE))
     parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md from the committed .json")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="re-measure only --families and keep the other families' rows from the committed .json (each row "
+        "keeps its own run's load average: a row's two servers are always measured side by side in one run)",
+    )
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     if args.markdown_only:
@@ -207,10 +222,20 @@ def main() -> int:
         "vllm": vllm_version,
         "families": {},
     }
+    kept: dict[str, Any] = {}
+    if args.merge and (out / "results-families.json").exists():
+        previous = json.loads((out / "results-families.json").read_text())
+        run_load = [previous["load_start"], previous["load_end"]]
+        kept = {kind: {"load": run_load, **row} for kind, row in previous["families"].items()}
     for kind in [k for k in args.families.split(",") if k]:
+        start = [round(x, 2) for x in os.getloadavg()]
         report["families"][kind] = bench_family(kind, venv, args, work)
+        report["families"][kind]["load"] = [start, [round(x, 2) for x in os.getloadavg()]]
         print(markdown(report), file=sys.stderr)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    if kept:
+        # Re-measured rows replace theirs; the others keep their order and their own run's load.
+        report["families"] = {kind: report["families"].get(kind, row) for kind, row in kept.items()} | report["families"]
     (out / "results-families.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "results-families.md").write_text(markdown(report))
     print(markdown(report))

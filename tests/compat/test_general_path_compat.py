@@ -5,9 +5,9 @@ classes, small tokenizers and the published image sizes), both servers start onc
 folder, from vLLM's virtualenv (``hack/vllm/venv.sh``; mmprep's general path runs vLLM's own
 processing, so it runs there too):
 - ``vllm launch render``, its processor cache off;
-- ``mmprep-runtime serve --render-path auto``: Qwen2.5-VL on mmprep's native fast path with the
-  general path beside it for what the fast path does not render (its video), every other family
-  on the general path (vLLM's render server in mmprep's worker processes).
+- ``mmprep-runtime serve --render-path auto``: Qwen2.5-VL and Qwen3-VL on mmprep's native fast path
+  with the general path beside it for what the fast path does not render (their video), every
+  other family on the general path (vLLM's render server in mmprep's worker processes).
 
 Every case goes to both: one image, images of different sizes and formats, text only, an image
 URL (mmprep fetches it under its own rules and hands vLLM the bytes; vLLM fetches it itself), a
@@ -37,8 +37,8 @@ FAMILIES = list(testing_families.FAMILIES)
 VIDEO_FAMILIES = [kind for kind, family in testing_families.FAMILIES.items() if family.chat.video]
 CHAT = "/v1/chat/completions/render"
 SYSTEM = {"role": "system", "content": [{"type": "text", "text": "Answer in one sentence."}]}
-#: The family whose processor class has mmprep's native fast path (and the general one beside it).
-NATIVE_FAMILY = "qwen2.5-vl"
+#: The families whose processor class has mmprep's native fast path (and the general one beside it).
+NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl"}
 
 
 def _image(url: str) -> dict[str, Any]:
@@ -171,7 +171,7 @@ def test_a_wrong_answer_is_caught(compared: dict[str, Any]) -> None:
 def test_info_says_which_path_serves_the_model_and_why(compared: dict[str, Any], kind: str) -> None:
     render = compared["info"][kind]["vllm_render"]
     assert render["vllm_version"] == compared["info"][kind]["versions"]["vllm"]
-    if kind == NATIVE_FAMILY:
+    if kind in NATIVE_FAMILIES:
         assert (render["path"], render["general_fallback"]) == ("native", True), render
         assert "native fast path" in render["path_reason"]
     else:

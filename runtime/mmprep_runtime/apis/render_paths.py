@@ -16,7 +16,7 @@ import dataclasses
 from typing import Final
 
 #: Processor classes the native path renders byte-equal to vLLM (images and text).
-NATIVE_FAMILIES: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+NATIVE_FAMILIES: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 
 NATIVE: Final = "native"
 GENERAL: Final = "general"

@@ -23,6 +23,7 @@ from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError
         ("auto", "Qwen2VLProcessor", "0.33.0", "native", True),
         ("auto", "Qwen2_5_VLProcessor", "0.33.0", "native", True),
         ("auto", "Qwen2_5_VLProcessor", None, "native", False),
+        ("auto", "Qwen3VLProcessor", "0.33.0", "native", True),
         ("auto", "Gemma3Processor", "0.33.0", "general", False),
         ("auto", "Gemma3Processor", None, "native", False),
         ("native", "Gemma3Processor", "0.33.0", "native", False),
