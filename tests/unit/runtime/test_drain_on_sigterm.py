@@ -160,17 +160,21 @@ def _metric(base: str, name: str) -> float:
     raise AssertionError(f"no {name}")
 
 
-@pytest.mark.slow
-def test_serve_drains_under_load_on_sigterm_with_no_failed_request_and_exits_zero(qwen_dir):
+def _serve(model, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """The real ``serve`` process on one processor worker, its log on stderr; and its base URL."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_IO_WORKERS": "2", "MMPREP_DRAIN_SECONDS": str(DRAIN_SECONDS)}
     process = subprocess.Popen(
-        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
+        [*runtime_command(), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", **env},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    return process, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+def test_serve_drains_under_load_on_sigterm_with_no_failed_request_and_exits_zero(qwen_dir):
+    process, base = _serve(qwen_dir, {"MMPREP_IO_WORKERS": "2", "MMPREP_DRAIN_SECONDS": str(DRAIN_SECONDS)})
     small = json.dumps({"text": QWEN_TEXT, "images": [b64(jpeg(64, 48))]}).encode()
     # Large images on one worker: these queue behind each other and are in flight at SIGTERM.
     large = json.dumps(
@@ -234,15 +238,7 @@ HOOK_WINDOW_SECONDS = 6.0
 
 @pytest.mark.slow
 def test_the_prestop_hooks_sigusr1_begins_the_drain_and_sigterm_then_waits_only_for_what_is_left(qwen_dir):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_DRAIN_SECONDS": str(HOOK_WINDOW_SECONDS)}
-    process = subprocess.Popen(
-        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process, base = _serve(qwen_dir, {"MMPREP_DRAIN_SECONDS": str(HOOK_WINDOW_SECONDS)})
     small = json.dumps({"text": QWEN_TEXT, "images": [b64(jpeg(64, 48))]}).encode()
     try:
         wait_for(lambda: process.poll() is None and _ready(base), TIMEOUT, what="the server ready", interval=0.05)
@@ -286,14 +282,7 @@ def _ready(base: str) -> bool:
 
 @pytest.mark.slow
 def test_a_second_signal_cuts_a_long_drain_short(qwen_dir):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [*runtime_command(), "serve", "--model", str(qwen_dir), "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "MMPREP_PROCESSOR_WORKERS": "1", "MMPREP_DRAIN_SECONDS": "600"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process, base = _serve(qwen_dir, {"MMPREP_DRAIN_SECONDS": "600"})
     try:
         wait_for(lambda: process.poll() is None and _ready(base), TIMEOUT, what="the server ready", interval=0.05)
         process.send_signal(signal.SIGTERM)
