@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 
 import pytest
 import uvloop
@@ -73,7 +74,7 @@ def test_control_closing_at_once_resets_the_queued_connections(run):
     assert any(isinstance(a, ConnectionResetError) for a in answers), answers
 
 
-@pytest.mark.skipif(not listener.sys.platform.startswith("linux"), reason="socket filters are Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
 def test_once_handshakes_stop_a_new_client_waits_and_is_refused_after_the_close():
     [sock] = listener.listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
