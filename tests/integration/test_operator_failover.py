@@ -132,11 +132,18 @@ def test_a_leader_that_cannot_renew_its_lease_stops_before_another_may_take_over
         if op is not leader:
             op.stop()
     leases = client.CoordinationV1Api(kube.api)
-    (lease,) = leases.list_namespaced_lease(namespace).items
-    # Someone else's record, as if a partition had let another replica take it: the leader's
-    # renewals now fail, and it must give up within its renew deadline (before that record expires).
-    lease.spec.holder_identity = "intruder"
-    leases.replace_namespaced_lease(lease.metadata.name, namespace, lease)
+
+    def hijack() -> bool:
+        """Someone else's record, as if a partition had let another replica take it: the leader's
+        renewals now fail, and it must give up within its renew deadline (before that record
+        expires). A renewal between our read and our write makes the write a 409, which
+        ``wait_for`` counts as "not yet": it reads again."""
+        (lease,) = leases.list_namespaced_lease(namespace).items
+        lease.spec.holder_identity = "intruder"
+        leases.replace_namespaced_lease(lease.metadata.name, namespace, lease)
+        return True
+
+    wait_for(hijack, 30, what="the lease taken over by an intruder")
     hijacked = time.monotonic()
     assert leader.process is not None
     code = leader.process.wait(timeout=60)

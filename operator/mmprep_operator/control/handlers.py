@@ -19,7 +19,7 @@ import kopf
 
 from mmprep_operator import api
 from mmprep_operator.control.controller import Controller, nodes_from_index
-from mmprep_operator.control.kopf_watch import tolerate_deleted_crds
+from mmprep_operator.control.kopf_watch import notice_namespaces_in_listings, tolerate_deleted_crds
 from mmprep_operator.control.state import OperatorState
 from mmprep_operator.kube import bearer_token, load_configuration
 from mmprep_operator.logic import identity
@@ -84,6 +84,8 @@ def _watch_child(registry: kopf.OperatorRegistry, watch: _ChildWatch) -> None:
 def build_registry() -> kopf.OperatorRegistry:
     # The ScaledObject watch below comes and goes with KEDA's CRD (kopf_watch says why this is needed).
     tolerate_deleted_crds()
+    # Namespaces created while the operator starts are served at once (kopf_watch says why).
+    notice_namespaces_in_listings()
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)

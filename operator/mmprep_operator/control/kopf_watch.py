@@ -1,4 +1,6 @@
-"""A watched kind whose CRD is deleted must not stop the operator.
+"""Two gaps in kopf's watching that would leave the operator deaf, closed at kopf's own seams.
+
+**A watched kind whose CRD is deleted must not stop the operator.**
 
 The operator watches KEDA's ScaledObjects where KEDA's CRD is installed. kopf starts that watch
 when the CRD appears and stops it when its CRD observer sees the CRD go. But deleting a CRD also
@@ -13,6 +15,13 @@ again, until its observer, having seen the deletion, cancels the watch, or the C
 wait after a 404 is ours, so a CRD deletion the observer missed costs one request every few
 seconds rather than a busy loop. kopf is pinned (pyproject.toml) and a unit test fails if the
 wrapped function moves.
+
+**A namespace created while the operator starts must be served.** With ``--namespace`` patterns,
+kopf lists the namespaces once, then starts a namespace watch that lists them again; it drops that
+second listing on purpose (it takes it for a repeat of the first). A namespace created between the
+two lists is in neither's news: kopf serves it only after its next change, which for a namespace
+may be its deletion. ``notice_namespaces_in_listings`` lets the second listing add what matches
+(adding a known namespace is a no-op), so nothing created at any moment of start-up is missed.
 """
 
 from __future__ import annotations
@@ -24,12 +33,13 @@ from typing import Any, Final
 
 from kopf._cogs.clients import errors as kopf_errors
 from kopf._cogs.clients import watching as kopf_watching
+from kopf._core.reactor import observation as kopf_observation
 
 log = logging.getLogger("mmprep.operator.watch")
 
 #: Seconds before the next list of a kind whose collection answered 404.
 GONE_RETRY_SECONDS: Final = 5.0
-_MARK: Final = "_mmprep_tolerates_deleted_crds"
+_MARK: Final = "_mmprep_patched"
 
 
 def tolerate_deleted_crds() -> None:
@@ -51,3 +61,24 @@ def tolerate_deleted_crds() -> None:
 
     setattr(continuous_watch, _MARK, True)
     kopf_watching.continuous_watch = continuous_watch
+
+
+#: kopf's own processor, kept for the control test that shows the gap without the fix.
+_KOPF_NAMESPACE_PROCESSOR: Final = kopf_observation.process_discovered_namespace_event
+
+
+def notice_namespaces_in_listings() -> None:
+    """Let the namespace watch's own listing add matching namespaces too (idempotent)."""
+    original = kopf_observation.process_discovered_namespace_event
+    if getattr(original, _MARK, False):
+        return
+
+    async def process_discovered_namespace_event(*, raw_event: Any, **kwargs: Any) -> None:
+        if raw_event["type"] is None:
+            # A listing's event: kopf would skip it. Revised as an addition, it adds a matching
+            # namespace, and drops one that is gone (the same rules as kopf's first listing).
+            raw_event = {**raw_event, "type": "ADDED"}
+        await original(raw_event=raw_event, **kwargs)
+
+    setattr(process_discovered_namespace_event, _MARK, True)
+    kopf_observation.process_discovered_namespace_event = process_discovered_namespace_event

@@ -10,6 +10,8 @@ import kopf
 import pytest
 import yaml
 from kopf._cogs.clients import errors, watching
+from kopf._cogs.structs import references
+from kopf._core.reactor import observation
 
 from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control import kopf_watch
@@ -130,7 +132,7 @@ def test_kopfs_endless_watch_calls_the_stream_the_fix_wraps_by_its_module_name()
     # each reconnection. A kopf upgrade that moves it fails here, not silently in a cluster.
     assert "continuous_watch" in watching.infinite_watch.__code__.co_names
     build_registry()
-    assert getattr(watching.continuous_watch, "_mmprep_tolerates_deleted_crds", False)
+    assert getattr(watching.continuous_watch, "_mmprep_patched", False)
 
 
 def _streams(monkeypatch, failure: BaseException):
@@ -166,3 +168,42 @@ def test_any_other_watch_failure_still_reaches_kopf(monkeypatch) -> None:
     drain = _streams(monkeypatch, errors.APIForbiddenError("forbidden", status=403, headers={}))
     with pytest.raises(errors.APIForbiddenError):
         asyncio.run(drain())
+
+
+# ------------------------------------------------------------------------------ namespaces at start-up
+
+
+def test_kopfs_namespace_observer_calls_the_processor_the_fix_wraps_by_its_module_name() -> None:
+    assert "process_discovered_namespace_event" in observation.namespace_observer.__code__.co_names
+    build_registry()
+    assert getattr(observation.process_discovered_namespace_event, "_mmprep_patched", False)
+
+
+def _listed(name: str) -> dict:
+    """A namespace as the namespace watch's own listing yields it (kopf marks listings type None)."""
+    return {"type": None, "object": {"metadata": {"name": name}}}
+
+
+async def _process(processor, events: list[dict]) -> set:
+    insights = references.Insights()
+    for event in events:
+        await processor(raw_event=event, namespaces=["it-*"], insights=insights)
+    return set(insights.namespaces)
+
+
+def test_kopf_alone_drops_a_namespace_that_only_its_watchs_listing_shows() -> None:
+    # The control: without the fix, a namespace created between kopf's two lists is not served.
+    assert asyncio.run(_process(kopf_watch._KOPF_NAMESPACE_PROCESSOR, [_listed("it-new")])) == set()
+
+
+def test_a_namespace_in_the_watchs_listing_is_served_when_it_matches(monkeypatch) -> None:
+    monkeypatch.setattr(observation, "process_discovered_namespace_event", kopf_watch._KOPF_NAMESPACE_PROCESSOR)
+    kopf_watch.notice_namespaces_in_listings()
+    wrapped = observation.process_discovered_namespace_event
+    kopf_watch.notice_namespaces_in_listings()
+    assert observation.process_discovered_namespace_event is wrapped, "a second call does not wrap twice"
+    served = asyncio.run(_process(wrapped, [_listed("it-new"), _listed("kube-system")]))
+    assert served == {"it-new"}
+    # Watch events still go through kopf's own rules: a deleted namespace is dropped.
+    deleted = {"type": "DELETED", "object": {"metadata": {"name": "it-new"}}}
+    assert asyncio.run(_process(wrapped, [_listed("it-new"), deleted])) == set()
