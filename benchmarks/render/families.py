@@ -3,7 +3,7 @@
 
 For each family ``make-model`` builds (``mmprep_runtime.testing_families``), both servers serve the
 same folder on the same cores (the whole machine, nothing pinned) and get the same chat body (one
-1280x960 JPEG as a ``data:`` URI and a question):
+1280x960 JPEG as a ``data:`` URI and a question; for an audio family, one 10 s WAV clip inline):
 - vLLM: ``vllm launch render --mm-processor-cache-gb 0`` (one process, its cache off);
 - mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
   the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
@@ -22,6 +22,7 @@ req/s, p50/p99, server CPU ms per request (the process tree), answer bytes.
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib.util
 import json
 import os
@@ -32,7 +33,7 @@ import tempfile
 import urllib.request
 from typing import Any
 
-from mmprep_runtime import testing_families, testing_models
+from mmprep_runtime import testing_families, testing_media, testing_models
 from mmprep_runtime.commands import measuring
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -94,10 +95,23 @@ def gil_share(folder: pathlib.Path, venv: pathlib.Path, work: pathlib.Path, seco
     }
 
 
+#: An audio family's request: one clip of this many seconds (a spoken question is a few to tens).
+AUDIO_SECONDS = 10.0
+
+
+def request_body(kind: str) -> bytes:
+    """The chat body every server gets: one 1280x960 JPEG, or for an audio family one WAV clip."""
+    if not testing_families.FAMILIES[kind].chat.audio:
+        return measuring.request_body("vllm-render", (1280, 960), seed=1)
+    clip = base64.b64encode(testing_media.wav(AUDIO_SECONDS)).decode()
+    content = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}, {"type": "text", "text": "What is said?"}]
+    return json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 64}).encode()
+
+
 def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     folder = testing_models.make_model(kind, work / kind)
     body_file, lua = work / f"{kind}.json", work / "post.lua"
-    body = measuring.request_body("vllm-render", (1280, 960), seed=1)
+    body = request_body(kind)
     body_file.write_bytes(body)
     lua.write_text(_BENCH.WRK_SCRIPT)
     vllm_cmd = vllm_render_command(venv, folder, free_port(), normalized=False)
@@ -144,7 +158,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# The render tier vs vLLM's render server, per family",
         "",
-        f"{report['cpus']} CPUs, one 1280x960 JPEG per request, {report['rounds']} interleaved rounds of "
+        f"{report['cpus']} CPUs, one 1280x960 JPEG per request (an audio family: one {AUDIO_SECONDS:g} s WAV clip), "
+        f"{report['rounds']} interleaved rounds of "
         f"{report['duration_s']:g} s per server, `wrk -t1 -c4`; vLLM {report['vllm']} render with its processor "
         f"cache off, mmprep `--render-path auto` with it off too. "
         + (

@@ -1,4 +1,5 @@
-"""The vision-language families ``testing_models`` builds beyond Qwen2-VL: what each folder holds.
+"""The model families ``testing_models`` builds beyond Qwen2-VL (vision-language, and one
+audio-language family): what each folder holds.
 
 Each family is data: its processor class and sub-processor configs, the special tokens its
 tokenizer needs (trained into the small BPE first, so their ids are small), the tokenizer
@@ -29,7 +30,8 @@ _HEADS: Final = 2
 
 @dataclasses.dataclass(frozen=True)
 class ChatFormat:
-    """A chat template in parts: per-role turn openers and closers, the image and video placeholders.
+    """A chat template in parts: per-role turn openers and closers, the image, video and audio
+    placeholders (empty: the family does not take that modality).
 
     The template it renders loops over the content parts, so chat front ends (vLLM's among them)
     hand it OpenAI-style part lists, for every role, the system one included.
@@ -43,6 +45,7 @@ class ChatFormat:
     image: str
     video: str = ""
     default_system: str = ""
+    audio: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +64,19 @@ def _lit(text: str) -> str:
     return "{{ " + json.dumps(text) + " }}"
 
 
+def _part(types: tuple[str, ...], placeholder: str) -> str:
+    test = " or ".join(f"part['type'] == '{t}'" for t in types)
+    return f"{{%- elif {test} -%}}{_lit(placeholder)}" if placeholder else ""
+
+
 def _content(chat: ChatFormat) -> str:
-    video = f"{{%- elif part['type'] == 'video' or part['type'] == 'video_url' -%}}{_lit(chat.video)}" if chat.video else ""
     return (
         "{%- if message['content'] is string -%}{{ message['content'] }}"
         "{%- else -%}{%- for part in message['content'] -%}"
-        f"{{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}}{_lit(chat.image)}"
-        f"{video}"
+        "{%- if false -%}"
+        f"{_part(('image', 'image_url'), chat.image)}"
+        f"{_part(('video', 'video_url'), chat.video)}"
+        f"{_part(('audio', 'input_audio', 'audio_url'), chat.audio)}"
         "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
         "{%- endif -%}{%- endfor -%}{%- endif -%}"
     )
@@ -164,7 +173,9 @@ def _qwen_chat(default_system: str = "") -> ChatFormat:
         image="<|vision_start|><|image_pad|><|vision_end|>",
         video="<|vision_start|><|video_pad|><|vision_end|>",
         default_system=default_system,
-        **_CHATML,
+        user=_CHATML["user"],
+        assistant=_CHATML["assistant"],
+        system=_CHATML["system"],
     )
 
 
@@ -573,6 +584,45 @@ _MISTRAL_CHAT: Final = ChatFormat(
 )
 
 
+# ---------------------------------------------------------------------------------- Qwen2-Audio
+
+_QWEN_AUDIO_TOKENS: Final = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>")
+
+
+def _qwen2_audio_processor(backend: str) -> dict[str, Any]:
+    # Qwen2-Audio-7B-Instruct's published feature extractor: Whisper's class with 128 mel bins (30 s
+    # windows of 16 kHz audio). No image processor: the family takes audio and text only.
+    del backend
+    return {
+        "processor_class": "Qwen2AudioProcessor",
+        "feature_extractor": {
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "feature_size": 128,
+            "return_attention_mask": True,
+        },
+    }
+
+
+def _qwen2_audio_model(vocab: Vocab) -> dict[str, Any]:
+    audio = {
+        "model_type": "qwen2_audio_encoder",
+        "num_mel_bins": 128,
+        "encoder_layers": 1,
+        "encoder_attention_heads": _HEADS,
+        "encoder_ffn_dim": 2 * _HIDDEN,
+        "d_model": _HIDDEN,
+        "max_source_positions": 1500,
+    }
+    text = _text("qwen2", vocab, bos_token_id=vocab["<|endoftext|>"], eos_token_id=vocab["<|im_end|>"])
+    return _model(
+        "Qwen2AudioForConditionalGeneration",
+        "qwen2_audio",
+        text_config=text,
+        audio_config=audio,
+        audio_token_index=vocab["<|AUDIO|>"],
+    )
+
+
 FAMILIES: Final[Mapping[str, Family]] = {
     "qwen2.5-vl": Family(_qwen2_5_vl_processor, _qwen2_5_vl_model, _qwen_chat("You are a helpful assistant."), QWEN_TOKENS),
     "qwen3-vl": Family(_qwen3_vl_processor, _qwen3_vl_model, _qwen_chat(), QWEN_TOKENS),
@@ -607,4 +657,10 @@ FAMILIES: Final[Mapping[str, Family]] = {
     ),
     "glm4v": Family(_glm4v_processor, _glm4v_model, _GLM_CHAT, _GLM_TOKENS),
     "mistral3": Family(_mistral3_processor, _mistral3_model, _MISTRAL_CHAT, _MISTRAL_TOKENS, eos_token="</s>"),
+    "qwen2-audio": Family(
+        _qwen2_audio_processor,
+        _qwen2_audio_model,
+        dataclasses.replace(_qwen_chat(), image="", video="", audio="<|audio_bos|><|AUDIO|><|audio_eos|>"),
+        _QWEN_AUDIO_TOKENS,
+    ),
 }

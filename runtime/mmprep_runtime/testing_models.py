@@ -20,7 +20,7 @@ Kinds:
   (Qwen2_5_VLProcessor), ``qwen3-vl`` (Qwen3VLProcessor), ``gemma3`` (Gemma3Processor),
   ``llava-onevision`` (LlavaOnevisionProcessor), ``idefics3`` (Idefics3Processor), ``internvl``
   (InternVLProcessor, HF format), ``glm4v`` (Glm4vProcessor, GLM-4.1V) and ``mistral3``
-  (PixtralProcessor).
+  (PixtralProcessor); and one audio-language family, ``qwen2-audio`` (Qwen2AudioProcessor).
 
 Any kind may carry a sidecar ``mmprep.json`` with ``{"processor_workers": N}`` (see
 ``mmprep_runtime.declared``).
@@ -91,6 +91,7 @@ class Kind(str, enum.Enum):
     INTERNVL = "internvl"
     GLM4V = "glm4v"
     MISTRAL3 = "mistral3"
+    QWEN2_AUDIO = "qwen2-audio"
 
 
 class ModelBuildError(ValueError):

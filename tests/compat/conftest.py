@@ -24,16 +24,17 @@ def vllm_venv() -> pathlib.Path:
     return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
 
-class _Images(http.server.BaseHTTPRequestHandler):
-    files: ClassVar[dict[str, bytes]] = {}
+class _Media(http.server.BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, tuple[str, bytes]]] = {}
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = self.files.get(self.path)
-        if body is None:
+        found = self.files.get(self.path)
+        if found is None:
             self.send_error(404)
             return
+        content_type, body = found
         self.send_response(200)
-        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -43,10 +44,14 @@ class _Images(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="session")
-def image_server() -> Iterator[str]:
-    """A local HTTP server with one JPEG: both render servers fetch the same URL."""
-    _Images.files = {"/photo.jpg": testing_media.jpeg(400, 300, seed=7)}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+def media_server() -> Iterator[str]:
+    """A local HTTP server with a JPEG (``/photo.jpg``) and a WAV clip (``/clip.wav``): both render
+    servers fetch the same URLs."""
+    _Media.files = {
+        "/photo.jpg": ("image/jpeg", testing_media.jpeg(400, 300, seed=7)),
+        "/clip.wav": ("audio/wav", testing_media.wav(0.8)),
+    }
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Media)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"

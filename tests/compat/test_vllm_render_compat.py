@@ -112,7 +112,7 @@ def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["uint8", "normalized"])
-def compared(request: pytest.FixtureRequest, vllm_venv, render_model, image_server, tmp_path_factory) -> dict[str, Any]:
+def compared(request: pytest.FixtureRequest, vllm_venv, render_model, media_server, tmp_path_factory) -> dict[str, Any]:
     """Both servers up on one folder; every case sent to both; vLLM's checker run once over all."""
     normalized = request.param
     work = tmp_path_factory.mktemp("compat-normalized" if normalized else "compat-uint8")
@@ -123,7 +123,7 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, image_serv
         vllm.wait()
         manifest: dict[str, list[str]] = {}
         statuses: dict[str, tuple[int, int]] = {}
-        for name, (path, body) in cases(image_server).items():
+        for name, (path, body) in cases(media_server).items():
             ours_status, ours = mmprep.post(path, body)
             theirs_status, theirs = vllm.post(path, body)
             statuses[name] = (ours_status, theirs_status)

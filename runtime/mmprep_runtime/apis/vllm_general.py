@@ -6,6 +6,8 @@ What mmprep adds in front of vLLM, and nothing else:
   redirect checked, a size cap and timeouts: ``fetching.Fetcher``), and handed to vLLM inline as
   base64 data URIs. vLLM decodes a URL's bytes and a data URI's bytes the same way, so the answer
   does not change, but vLLM never reaches the network on a client's say-so;
+- an inline audio clip that no decoder can open is refused with a 400 naming it (vLLM would
+  answer 500, a server error for a client's bad file); every other clip reaches vLLM untouched;
 - the request is leased to the process with the fewest requests in flight;
 - a process that cannot be connected to is skipped (the request goes to the next one); one that
   dies mid-request gives a retryable 503; the pool restarts either.
@@ -17,6 +19,7 @@ and ``--allowed-local-media-path``, the answer and every error's shape) is vLLM'
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -26,7 +29,7 @@ from aiohttp import web
 
 from mmprep_runtime import errors
 from mmprep_runtime.apis import fetching
-from mmprep_runtime.engine import vllm_pool
+from mmprep_runtime.engine import decoding, vllm_pool
 
 #: The content parts whose URL vLLM would fetch, and the key holding the URL object.
 _URL_PARTS: Final = ("image_url", "video_url", "audio_url")
@@ -63,6 +66,44 @@ def _url_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
                 url = target.get("url")
                 if isinstance(url, str) and url[:5].lower() != "data:" and url.split(":", 1)[0].lower() in ("http", "https"):
                     yield target, f"messages[{m}].content[{p}].{key}"
+
+
+def _audio_clips(body: Any) -> Iterator[tuple[str, str]]:
+    """Each (base64 data, where) of the chat messages' inline audio: ``input_audio`` parts, and
+    ``audio_url`` parts with a data URI (fetched URLs are data URIs by now)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for m, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict):
+                continue
+            inline, url = part.get("input_audio"), part.get("audio_url")
+            if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+                yield inline["data"], f"messages[{m}].content[{p}].input_audio"
+            elif isinstance(url, dict) and isinstance(url.get("url"), str) and url["url"][:5].lower() == "data:":
+                header, _, data = url["url"].partition(",")
+                if header.lower().endswith(";base64"):
+                    yield data, f"messages[{m}].content[{p}].audio_url"
+
+
+def check_audio(body: bytes) -> None:
+    """Refuse, with a 400 naming it, an audio clip no decoder can open. vLLM 0.33 answers such a
+    clip with a 500 (its decoder's error escapes as a server error), which tells a client to retry
+    what can never succeed; every decodable clip goes to vLLM untouched."""
+    if b"input_audio" not in body and b"audio_url" not in body:
+        return
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return  # vLLM answers that
+    for data, where in _audio_clips(parsed):
+        try:
+            clip = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            continue  # not plain base64: vLLM's own answer says what it makes of it
+        problem = decoding.audio_decode_problem(clip)
+        if problem is not None:
+            raise errors.BadMedia(f"{where}: the audio cannot be decoded: {problem}")
 
 
 async def inline_media_urls(body: bytes, fetcher: fetching.Fetcher) -> bytes:
@@ -107,6 +148,7 @@ class GeneralRenderer:
 
     async def render(self, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
         body = await inline_media_urls(body, self.fetcher)
+        check_audio(body)
         # A process that cannot be connected to got nothing: the request goes to the next one.
         for _ in range(self.pool.processes):
             # Only taking the lease raises GeneralPathUnavailable (no process is ready).

@@ -184,3 +184,38 @@ def decode_wav(data: bytes, what: str, *, target_rate: int, max_seconds: float) 
             audio,
         ).astype(np.float32)
     return audio
+
+
+def audio_decode_problem(data: bytes) -> str | None:
+    """Why no installed audio decoder can open ``data``: soundfile, then PyAV, the order vLLM tries
+    them in. None when one can, or when neither is installed (vLLM's own answer then stands).
+
+    Only the header and the container are read, not the samples: a clip either decoder opens is
+    vLLM's to judge (its duration, its sample rate).
+    """
+    try:
+        import soundfile
+    except ImportError:
+        soundfile = None
+    try:
+        import av
+    except ImportError:
+        av = None
+    if soundfile is None and av is None:
+        return None
+    problems: list[str] = []
+    if soundfile is not None:
+        try:
+            soundfile.info(io.BytesIO(data))
+            return None
+        except Exception as exc:  # noqa: BLE001 - libsndfile's errors have no common base worth naming
+            problems.append(str(exc).replace("<_io.BytesIO object>", "the clip"))
+    if av is not None:
+        try:
+            with av.open(io.BytesIO(data)) as container:
+                if container.streams.audio:
+                    return None
+                problems.append("it holds no audio stream")
+        except Exception as exc:  # noqa: BLE001 - PyAV raises FFmpeg's many error classes
+            problems.append(str(exc))
+    return problems[0]

@@ -1,6 +1,6 @@
 """Every family folder ``make-model`` builds loads through this virtualenv's transformers (the
-native path's and the probe's), and its chat template places the family's image and video
-markers; that vLLM renders each one the same as mmprep is ``tests/compat``'s."""
+native path's and the probe's), and its chat template places the family's image, video
+and audio markers; that vLLM renders each one the same as mmprep is ``tests/compat``'s."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ def test_the_folder_loads_and_its_template_places_the_media(kind: str, tmp_path:
     folder = testing_models.make_model(kind, tmp_path / kind)
     processor = AutoProcessor.from_pretrained(str(folder))
     chat = testing_families.FAMILIES[kind].chat
-    parts = [{"type": "image"}, *([{"type": "video"}] if chat.video else []), {"type": "text", "text": "What?"}]
+    media = {"image": chat.image, "video": chat.video, "audio": chat.audio}
+    taken = [modality for modality, placeholder in media.items() if placeholder]
+    assert taken, f"{kind} takes no media"
+    parts = [*({"type": t} for t in taken), {"type": "text", "text": "What?"}]
     prompt = processor.apply_chat_template([SYSTEM, {"role": "user", "content": parts}], tokenize=False)
-    assert chat.image in prompt
-    if chat.video:
-        assert chat.video in prompt
+    for modality in taken:
+        assert media[modality] in prompt, (modality, prompt)
     assert "Answer in one sentence." in prompt
