@@ -33,12 +33,29 @@ def pytest_configure(config: pytest.Config) -> None:
 # ---------------------------------------------------------------------------------------- cluster
 
 
-def _script(name: str, *, timeout: float) -> str:
+def _script(name: str, *, timeout: float, env: dict[str, str] | None = None) -> str:
     """Runs a hack/ script; its progress (stderr) goes to the terminal, its answer is stdout."""
-    done = subprocess.run([str(HACK / name)], stdout=subprocess.PIPE, text=True, timeout=timeout, check=False)
+    done = subprocess.run([str(HACK / name)], stdout=subprocess.PIPE, text=True, timeout=timeout, check=False, env=env)
     if done.returncode != 0:
         pytest.fail(f"hack/{name} failed with exit code {done.returncode}; see its output above", pytrace=False)
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def _agent_env() -> dict[str, str]:
+    """The environment the test agent starts with: vLLM's virtualenv where it is installed (`make
+    test` installs it first), so pods of the vLLM image run as that image would."""
+    done = subprocess.run(
+        [str(HACK / "vllm" / "venv.sh")],
+        env={**os.environ, "MMPREP_VLLM_IF_INSTALLED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        print(f"the test agent runs vLLM-image pods from this virtualenv: {done.stderr.strip()}")
+        return dict(os.environ)
+    return {**os.environ, "MMPREP_AGENT_VLLM_VENV": done.stdout.strip().splitlines()[-1]}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -67,7 +84,7 @@ def cluster() -> Iterator[Cluster]:
     me.touch()
     was_up = subprocess.run([str(HACK / "cluster-status.sh")], capture_output=True, check=False).returncode == 0
     try:
-        kubeconfig = Path(_script("cluster-up.sh", timeout=3600))
+        kubeconfig = Path(_script("cluster-up.sh", timeout=3600, env=_agent_env()))
         bin_dir = Path(_script("build-control-plane.sh", timeout=3600))
         yield Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, state_dir=kubeconfig.parent)
     finally:

@@ -29,6 +29,11 @@ if [ -f "$venv/.installed" ] && [ -f "$marker" ]; then
   echo "$venv"
   exit 0
 fi
+# MMPREP_VLLM_IF_INSTALLED=1: only say where it is; never install (exit 3 when it is not there).
+if [ "${MMPREP_VLLM_IF_INSTALLED:-0}" = 1 ]; then
+  echo "vLLM's virtualenv is not installed at $venv (make vllm-venv)" >&2
+  exit 3
+fi
 mkdir -p "$root"
 # One installer at a time: concurrent test sessions wait for the first one's result.
 exec 9>"$root/.lock-$VLLM_VERSION-py$pyver"
@@ -46,7 +51,7 @@ if [ ! -f "$marker" ]; then
   echo "installing mmprep's general-path dependencies into $venv" >&2
   printf '%s\n' "$deps" >"$venv/.mmprep-deps.txt"
   "$venv/bin/python" -m pip install --quiet -r "$venv/.mmprep-deps.txt" >&2
-  "$venv/bin/python" -c 'import msgpack, blake3, psutil, orjson, pybase64, aiohttp' >&2
+  "$venv/bin/python" -c 'import msgpack, blake3, psutil, orjson, pybase64, aiohttp, av, soundfile, soxr, scipy.signal' >&2
   touch "$marker"
 fi
 echo "$venv"

@@ -1,7 +1,8 @@
 """Calibration: choosing a worker count from a measured curve, and the report that carries it.
 
 A calibration run (``mmprep-runtime calibrate``, in a Job on one node of a pool) measures
-throughput at processor worker counts 1..N on that node and picks a count with ``choose``. The
+throughput at processor worker counts 1..N on that node (or, for the vLLM render API's general
+path, at vLLM render process counts 1..N: the report's ``dimension``) and picks a count with ``choose``. The
 report travels to the operator as the Job's termination message; both halves parse it with
 ``Report.from_message`` here, so its format is defined once.
 
@@ -27,6 +28,12 @@ from mmprep_runtime.sizing import MAX_WORKERS, MIN_WORKERS, is_worker_count
 
 DEFAULT_TOLERANCE: Final = 0.05
 MAX_REPORT_BYTES: Final = TERMINATION_MESSAGE_MAX_BYTES
+#: What a curve's counts are: processor worker threads (the native processing) or, for the vLLM
+#: render API's general path, vLLM render processes (one thread each: vLLM's processing holds the GIL).
+PROCESSOR_WORKERS: Final = "processorWorkers"
+RENDER_PROCESSES: Final = "renderProcesses"
+DIMENSIONS: Final = (PROCESSOR_WORKERS, RENDER_PROCESSES)
+_NOUNS: Final = {PROCESSOR_WORKERS: "worker(s)", RENDER_PROCESSES: "render process(es)"}
 
 
 class CalibrationError(ValueError):
@@ -47,13 +54,15 @@ class Choice:
     best_workers: int
     best_req_per_s: float
     tolerance: float
+    dimension: str = PROCESSOR_WORKERS
 
     def explanation(self) -> str:
+        noun = _NOUNS[self.dimension]
         if self.workers == self.best_workers:
-            return f"{self.workers} worker(s) measured fastest ({self.best_req_per_s:g} req/s)"
+            return f"{self.workers} {noun} measured fastest ({self.best_req_per_s:g} req/s)"
         return (
-            f"{self.workers} worker(s): the fewest within {self.tolerance:.0%} of the best "
-            f"({self.best_workers} worker(s), {self.best_req_per_s:g} req/s)"
+            f"{self.workers} {noun}: the fewest within {self.tolerance:.0%} of the best "
+            f"({self.best_workers} {noun}, {self.best_req_per_s:g} req/s)"
         )
 
 
@@ -104,6 +113,8 @@ class Report:
     images: tuple[str, ...] = ()
     seconds_per_count: float | None = None
     error: str | None = None
+    #: What the counts are (``DIMENSIONS``); a report without it measured processor workers.
+    dimension: str = PROCESSOR_WORKERS
 
     def to_message(self) -> str:
         """The report as the calibration Job's termination message: compact JSON within its bound."""
@@ -116,6 +127,7 @@ class Report:
             "images": list(self.images),
             "secondsPerCount": self.seconds_per_count,
             "error": self.error,
+            "dimension": self.dimension,
         }
         text = json.dumps(data, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) > MAX_REPORT_BYTES:
@@ -150,6 +162,9 @@ class Report:
         chosen = data.get("chosen")
         if chosen is not None and not is_worker_count(chosen):
             raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
+        dimension = data.get("dimension", PROCESSOR_WORKERS)
+        if dimension not in DIMENSIONS:
+            raise CalibrationError(f"calibration measured an unknown dimension: {dimension!r}")
         error = data.get("error")
         if error is None and chosen is None:
             raise CalibrationError("calibration output has neither a chosen count nor an error")
@@ -162,6 +177,7 @@ class Report:
             images=tuple(str(i) for i in data.get("images") or ()),
             seconds_per_count=_number(data.get("secondsPerCount"), "secondsPerCount"),
             error=None if error is None else str(error),
+            dimension=dimension,
         )
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mmprep_runtime import exits, sizing, versions
+from mmprep_runtime import exits, sizing, testing_families, versions
 
 EXIT_USAGE = exits.EXIT_USAGE
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--render-path",
         choices=sizing.RENDER_PATHS,
         default=None,
-        help="vLLM render API: auto (the native fast path for Qwen2-VL and Qwen2.5-VL, vLLM's own processing "
+        help="vLLM render API: auto (the native fast path for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, vLLM's own processing "
         "in worker processes for every other model), native, or general (default: env MMPREP_RENDER_PATH, else auto)",
     )
     serve.add_argument(
@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
-    calibrate = commands.add_parser("calibrate", help="measure worker counts 1..N here and choose one (operator Jobs)")
+    calibrate = commands.add_parser(
+        "calibrate", help="measure worker (or render process) counts 1..N here and choose one (operator Jobs)"
+    )
     _add_model_arguments(calibrate)
     calibrate.add_argument(
         "--max-workers",
@@ -209,11 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, default=0.05, help="choose the fewest workers within this fraction of the best throughput"
     )
     calibrate.add_argument(
+        "--render-path",
+        choices=sizing.RENDER_PATHS,
+        default=None,
+        help="a pool serving the vLLM render API: measure the path serving the model under this setting (the "
+        "general path's vLLM render processes, or the native path's workers); unset: processor workers",
+    )
+    calibrate.add_argument(
+        "--vllm-args", default=None, help="with --render-path: more options for vLLM's render processes, as serve takes them"
+    )
+    calibrate.add_argument(
         "--termination-log", default=None, help="also write the JSON report here (Kubernetes terminationMessagePath)"
     )
 
     make = commands.add_parser("make-model", help="build a real processor folder offline (tests, demos)")
-    make.add_argument("--kind", required=True, help="qwen2-vl, llava, whisper, tokenizer or uncloneable")
+    make.add_argument(
+        "--kind",
+        required=True,
+        help="qwen2-vl, llava, whisper, tokenizer, uncloneable, or a family of the compatibility suite "
+        f"({', '.join(testing_families.FAMILIES)})",
+    )
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
     make.add_argument(
         "--backend", choices=["torchvision", "pil"], default="torchvision", help="image processor class written into the folder"

@@ -242,7 +242,7 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
     )
     return ServeSettings(
         model=model_settings_from_args(args, environ),
-        render=_render_settings(args, environ),
+        render=render_settings_from_args(args, environ),
         host=args.host,
         port=args.port,
         processor_workers=args.processor_workers
@@ -269,7 +269,7 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
     return tuple(networks)
 
 
-def _render_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> RenderSettings:
+def render_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RenderSettings:
     normalized = getattr(args, "normalized_pixels", None)
     if normalized is None:
         normalized = _env_switch(environ, ENV_NORMALIZED_PIXELS) or False

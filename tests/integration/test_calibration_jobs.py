@@ -96,3 +96,47 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
     reasons = {e.reason for e in kube.core.list_namespaced_event(namespace).items}
     assert {"Calibrated", "CalibrationFailed"} <= reasons
     assert condition_is(kube.get_mmp(namespace, "calib"), "Probed", "True")
+
+
+def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
+    kube: Kube, operator: OperatorProcess, namespace: str, model_dir: Callable[..., Path]
+) -> None:
+    """The vLLM image's calibration, for real: the probe (in the vLLM image) finds Gemma 3 has no
+    native fast path, so the Job measures vLLM render processes on the agent's node and the
+    pool's Deployment gets the chosen count. No runtime pod runs (replicas 0): the measurement is
+    what is under test, and two of vLLM's processes are what this machine can run at once."""
+    spec = make_spec(
+        model_dir("gemma3"),
+        api="vllm-render",
+        image="mmprep-runtime-vllm:test",
+        replicas=0,
+        workers={"calibrate": True},
+        serving={"vllmArgs": ["--mm-processor-cache-gb", "0"]},
+        affinity=_either((AGENT_LABEL, "true")),
+        tolerations=[dict(AGENT_TOLERATION)],
+        resources={"requests": {"cpu": "250m"}, "limits": {"cpu": "2", "memory": "8Gi"}},
+    )
+    kube.create_mmp(namespace, "general", spec)
+
+    def settled() -> dict[str, Any] | None:
+        obj = kube.get_mmp(namespace, "general")
+        cal = next(iter((p.get("calibration") or {}) for p in pools(obj)), {})
+        return obj if cal.get("state") in ("Succeeded", "Failed") else None
+
+    obj = wait_for(
+        settled,
+        TIMEOUT,
+        what="the general path's calibration settled",
+        describe=lambda: f"{json.dumps(kube.get_mmp(namespace, 'general').get('status'), indent=1)}\n{operator.tail(30)}",
+    )
+    assert obj["status"]["probe"]["result"]["renderPath"] == "general", obj["status"]["probe"]
+    (pool,) = pools(obj)
+    cal = pool["calibration"]
+    assert (cal["state"], cal["measures"], cal["node"]) == ("Succeeded", "renderProcesses", AGENT_NODE), cal
+    assert [p["workers"] for p in cal["curve"]] == [1, 2] and all(p["reqPerS"] > 0 for p in cal["curve"])
+    assert cal["message"].startswith(f"{cal['chosenRenderProcesses']} render process(es)")
+    assert pool["renderProcesses"] == cal["chosenRenderProcesses"]
+    # The count reaches the pods as env; the worker threads keep their rule.
+    env = container_env(kube.apps.read_namespaced_deployment(pool["deployment"], namespace))
+    assert env["MMPREP_RENDER_PROCESSES"] == str(cal["chosenRenderProcesses"])
+    assert pool["reason"] != "Measured"

@@ -9,7 +9,9 @@ What it does, and what it deliberately does not:
   alive through a Lease in ``kube-node-lease``, as a kubelet does;
 - watches pods bound to that node and runs each container's ``command`` + ``args`` with its
   ``env`` as a local process. The image is ignored: commands run from the repo's virtualenv
-  (its ``bin`` leads PATH), so the container must name an explicit command;
+  (its ``bin`` leads PATH), so the container must name an explicit command. One exception: an
+  image of the vLLM flavor (``mmprep-runtime-vllm``) runs ``mmprep-runtime`` from vLLM's own
+  virtualenv, as that image would, when the agent was started with ``MMPREP_AGENT_VLLM_VENV``;
 - gives every container port a free local port, rewrites ``--port N`` arguments accordingly and
   annotates the pod with the mapping (``agent.mmprep.dev/ports``: ``{"8080": 41234}``);
 - points ``terminationMessagePath`` (and any argument or env value equal to it) at a temp file
@@ -57,6 +59,8 @@ LEASE_SECONDS = 40
 #: How often the lease is renewed; a kubelet uses a quarter of the lease duration.
 RENEW_SECONDS = 10
 PASSTHROUGH_PREFIX = "MMPREP_AGENT_ENV_"
+#: vLLM's virtualenv (hack/vllm/venv.sh): where containers of the vLLM image run (``agent_pods.VLLM_IMAGE``).
+VLLM_VENV_ENV = "MMPREP_AGENT_VLLM_VENV"
 MERGE_PATCH = agent_pods.MERGE_PATCH
 
 
@@ -76,6 +80,9 @@ class Agent:
         self.passthrough_env = {
             k.removeprefix(PASSTHROUGH_PREFIX): v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIX)
         }
+        # The vLLM image's stand-in: vLLM's own virtualenv, when the session that started the agent has one.
+        venv = os.environ.get(VLLM_VENV_ENV, "").strip()
+        self.vllm_venv: Path | None = Path(venv) if venv else None
         self.runners: dict[str, agent_pods.PodRunner] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()

@@ -39,6 +39,10 @@ except ImportError:  # imported as support.agent_pods
 log = logging.getLogger("mmprep-test-agent")
 
 PORTS_ANNOTATION = "agent.mmprep.dev/ports"
+#: The image name (before the tag) of the runtime's vLLM flavor (the Dockerfile's runtime-vllm).
+VLLM_IMAGE = "mmprep-runtime-vllm"
+#: The runtime's sources, for ``python -m mmprep_runtime.cli`` in vLLM's virtualenv (it has no mmprep).
+_RUNTIME_SOURCES = Path(__file__).resolve().parents[2] / "runtime"
 #: The kubelet truncates termination messages to 4 KiB; so do we.
 MESSAGE_LIMIT = 4096
 MERGE_PATCH = "application/merge-patch+json"
@@ -59,6 +63,8 @@ class Host(Protocol):
     path: str
     #: Extra env for every process (MMPREP_AGENT_ENV_X=v on the agent becomes X=v).
     passthrough_env: dict[str, str]
+    #: vLLM's virtualenv, for containers of the vLLM image; None: they run like the others.
+    vllm_venv: Path | None
 
     def finish_deletion(self, runner: PodRunner) -> None: ...
 
@@ -189,6 +195,13 @@ class PodRunner:
             )
         env = self._env(c)
         argv = [expand(a, env) for a in command + list(c.get("args") or [])]
+        venv = self.agent.vllm_venv
+        image_name = c.get("image", "").rsplit("/", 1)[-1].split(":", 1)[0]
+        if venv is not None and image_name == VLLM_IMAGE and argv[0] == "mmprep-runtime":
+            # What the vLLM image runs: the runtime beside vLLM, on the CPU, offline.
+            argv = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", *argv[1:]]
+            env.update({"PYTHONPATH": str(_RUNTIME_SOURCES), "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu",
+                        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})  # fmt: skip
         message_file = c.get("terminationMessagePath") or "/dev/termination-log"
         message_path = self.dir / f"{c['name']}.termination-log"
         # Mount paths map onto local folders; longest first so nested mounts win. A mount over

@@ -8,7 +8,10 @@ import pytest
 
 from mmprep_runtime.calibration_report import (
     MAX_REPORT_BYTES,
+    PROCESSOR_WORKERS,
+    RENDER_PROCESSES,
     CalibrationError,
+    Choice,
     CurvePoint,
     Report,
     choose,
@@ -118,6 +121,7 @@ def test_a_report_with_a_huge_error_still_fits_in_a_termination_message() -> Non
         ('{"curve": [{"workers": 1, "reqPerS": "fast"}], "chosen": 1}', "reqPerS must be a number"),
         ('{"curve": [], "chosen": 99}', "impossible worker count"),
         ('{"curve": []}', "neither a chosen count nor an error"),
+        ('{"curve": [], "chosen": 1, "dimension": "gpus"}', "unknown dimension"),
     ],
 )
 def test_unreadable_reports_name_what_is_wrong(text: str, message: str) -> None:
@@ -143,3 +147,15 @@ def test_io_workers_come_from_the_explicit_count_then_the_models_declaration_the
     assert decide_workers(path=Path.CPU, cloneable=True).io_workers == 4
     assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6).io_workers == 6
     assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6, explicit_io=2).io_workers == 2
+
+
+def test_a_report_says_what_it_measured_and_an_older_one_measured_workers() -> None:
+    processes = Report(curve=tuple(curve(40.0, 79.0)), chosen=2, best=2, dimension=RENDER_PROCESSES)
+    assert Report.from_message(processes.to_message()).dimension == RENDER_PROCESSES
+    older = json.dumps({"curve": [{"workers": 1, "reqPerS": 1.0}], "chosen": 1})
+    assert Report.from_message(older).dimension == PROCESSOR_WORKERS
+
+
+def test_the_explanation_names_what_was_counted() -> None:
+    assert Choice(2, 2, 79.0, 0.05, RENDER_PROCESSES).explanation() == "2 render process(es) measured fastest (79 req/s)"
+    assert Choice(1, 2, 80.0, 0.05).explanation().startswith("1 worker(s): the fewest within 5%")

@@ -78,8 +78,8 @@ class ServingSpec(ApiModel):
 
     render_path: Literal["auto", "native", "general"] | None = Field(
         None,
-        description="vllm-render: which path renders. auto (the default): mmprep's native fast path for Qwen2-VL "
-        "and Qwen2.5-VL, vLLM's own processing in worker processes for every other model and for what the fast "
+        description="vllm-render: which path renders. auto (the default): mmprep's native fast path for Qwen2-VL, "
+        "Qwen2.5-VL and Qwen3-VL, vLLM's own processing in worker processes for every other model and for what the fast "
         "path does not render (video, audio, tools); native; or general (always vLLM's own). Every path but "
         "native needs the vLLM image (the operator policy's vllmRenderImage, or spec.image).",
     )
@@ -87,7 +87,8 @@ class ServingSpec(ApiModel):
         None,
         ge=1,
         le=256,
-        description="vllm-render: vLLM render processes of the general path per pod; default one per usable CPU.",
+        description="vllm-render: vLLM render processes of the general path per pod; default the calibration's "
+        "count when workers.calibrate is on, else one per usable CPU.",
     )
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
         None,

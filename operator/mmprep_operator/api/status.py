@@ -59,9 +59,9 @@ CalibrationState = Literal["Pending", "Running", "Succeeded", "Failed", "Unavail
 
 
 class CalibrationPoint(ApiModel):
-    """Throughput and latency measured at one processor worker count."""
+    """Throughput and latency measured at one count (of what: the calibration's ``measures``)."""
 
-    workers: int = Field(description="Processor workers.")
+    workers: int = Field(description="The count measured: processor workers, or vLLM render processes (see measures).")
     req_per_s: float = Field(description="Requests per second (each decoding and processing one image).")
     p50_ms: float | None = Field(None, description="Median latency, ms.")
     p99_ms: float | None = Field(None, description="99th percentile latency, ms.")
@@ -81,8 +81,18 @@ class PoolCalibration(ApiModel):
     message: str = Field("", description="What was chosen and why, or why there is no measurement.")
     node: str | None = Field(None, description="The node the Job ran on.")
     measured_at: str | None = Field(None, description="When the result was read (RFC 3339).")
-    curve: list[CalibrationPoint] = Field(default_factory=list, description="Throughput by worker count.")
-    chosen_workers: int | None = Field(None, description="The count chosen: the fewest within the tolerance of the best.")
+    measures: Literal["processorWorkers", "renderProcesses"] | None = Field(
+        None,
+        description="What the curve's counts are: processorWorkers (clone-per-thread workers), or renderProcesses "
+        "(vLLM render processes of the general render path, for api vllm-render models it serves).",
+    )
+    curve: list[CalibrationPoint] = Field(default_factory=list, description="Throughput by count.")
+    chosen_workers: int | None = Field(
+        None, description="The processor worker count chosen: the fewest within the tolerance of the best."
+    )
+    chosen_render_processes: int | None = Field(
+        None, description="The render process count chosen (measures renderProcesses), by the same rule."
+    )
     tolerance: float | None = Field(None, description="The tolerance the choice used.")
 
 
@@ -108,6 +118,11 @@ class PoolStatus(ApiModel):
     io_workers: int = Field(description="IO workers per pod.")
     reason: str = Field(description="The rule that decided processor workers.")
     message: str = Field(description="The decision in words.")
+    render_processes: int | None = Field(
+        None,
+        description="api vllm-render: vLLM render processes per pod of the general render path, when set by "
+        "spec.serving.renderProcesses or measured by the calibration; unset, the runtime starts one per usable CPU.",
+    )
     override_source: str | None = Field(None, description="Which override applied, when reason is Override.")
     explicit_not_honoured: int | None = Field(None, description="An explicit count that could not be honoured.")
     deployment: str = Field(description="Name of the pool's Deployment.")

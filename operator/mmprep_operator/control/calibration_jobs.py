@@ -45,6 +45,7 @@ class CalibrationJobs:
         owner: identity.Owner,
         spec: api.MultimodalPreprocessorSpec,
         rule_plan: Plan,
+        probe: api.ProbeResult,
         previous: api.MultimodalPreprocessorStatus | None,
         recalibrate: str | None,
         *,
@@ -60,7 +61,7 @@ class CalibrationJobs:
         for d in rule_plan.decisions:
             pool = d.pool
             hash_ = calibration.calibration_hash(spec, self.policy, pool, recalibrate)
-            skip = calibration.not_needed_reason(d.decision)
+            skip = calibration.not_needed_reason(d.decision, spec, probe)
             unavailable = calibration.unavailable_reason(spec, self.policy, pool)
             if skip is not None:
                 out[pool.name] = api.PoolCalibration(

@@ -267,15 +267,27 @@ class Reconciler:
         calibrating = False
         if calibration.wanted(spec, self.policy):
             recalibrate = annotations.get(calibration.ANNOTATION_RECALIBRATE)
-            found = await self.calibrations.of(owner, spec, plan, read.previous, recalibrate, read_jobs=fresh)
+            found = await self.calibrations.of(
+                owner, spec, plan, probe_status.result, read.previous, recalibrate, read_jobs=fresh
+            )
             if found is None:
                 return READ_AGAIN  # the Jobs are read (and maybe created) only for a freshly read spec
             calibrations = found
-            measured = {pool: c.chosen_workers for pool, c in calibrations.items() if c.state == "Succeeded" and c.chosen_workers}
+            succeeded = {pool: c for pool, c in calibrations.items() if c.state == "Succeeded"}
+            measured = {pool: c.chosen_workers for pool, c in succeeded.items() if c.chosen_workers}
+            processes = {pool: c.chosen_render_processes for pool, c in succeeded.items() if c.chosen_render_processes}
             calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
-            if measured:
+            if measured or processes:
                 plan = make_plan(
-                    owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, measured=measured, autoscalers=have
+                    owner,
+                    spec,
+                    nodes,
+                    probe_status.result,
+                    self.policy,
+                    pooling=pooling,
+                    measured=measured,
+                    autoscalers=have,
+                    measured_render_processes=processes,
                 )
 
         def observed(

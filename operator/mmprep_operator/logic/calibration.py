@@ -17,6 +17,10 @@ Serving never waits for a calibration: pools start with the rule's count, and th
 when the measured count differs. A failed, timed-out or impossible calibration leaves the rule's
 count in place with a reason in the pool's status.
 
+For the vLLM render API's general path (vLLM's own processing), the Job measures vLLM render
+processes instead of worker threads (``measures``): the chosen count reaches the pods as
+``MMPREP_RENDER_PROCESSES`` and the pool's status as ``renderProcesses``.
+
 Pure: the reconciler does the I/O.
 """
 
@@ -26,7 +30,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
@@ -41,6 +45,10 @@ LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+_MEASURES: Final[dict[str, Literal["processorWorkers", "renderProcesses"]]] = {
+    calibration_report.PROCESSOR_WORKERS: "processorWorkers",
+    calibration_report.RENDER_PROCESSES: "renderProcesses",
+}
 
 
 def wanted(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> bool:
@@ -76,12 +84,39 @@ def max_workers(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) ->
     return max(1, min(cap, math.floor(cores)))
 
 
+def measures(spec: api.MultimodalPreprocessorSpec, probe: api.ProbeResult) -> str:
+    """What a calibration of this resource's pools measures (``calibration_report.DIMENSIONS``).
+
+    The vLLM render API's general path (vLLM's own processing) scales with render processes, one
+    thread each; every other pool with processor worker threads. The path is the resource's
+    ``serving.renderPath``, or under auto the one the probe found for the model in its image.
+    """
+    if spec.api != "vllm-render":
+        return calibration_report.PROCESSOR_WORKERS
+    setting = spec.serving.render_path or "auto"
+    path = probe.render_path if setting == "auto" else setting
+    return calibration_report.RENDER_PROCESSES if path == "general" else calibration_report.PROCESSOR_WORKERS
+
+
+def _render_args(spec: api.MultimodalPreprocessorSpec) -> list[str]:
+    """vllm-render: the flags that choose the path and configure vLLM, as the pods get them."""
+    if spec.api != "vllm-render":
+        return []
+    args = ["--render-path", spec.serving.render_path or "auto"]
+    if spec.serving.vllm_args is not None:
+        args.append(pod_parts.vllm_args_flag(spec.serving.vllm_args))
+    return args
+
+
 def calibration_inputs(
     spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, recalibrate: str | None = None
 ) -> dict[str, Any]:
     settings = policy.calibration
     gpu = pool.gpu
+    # Only vllm-render resources carry the render flags: other resources' hashes (and Job names) stay.
+    render = {"render": _render_args(spec)} if spec.api == "vllm-render" else {}
     return {
+        **render,
         "gpu": gpu.product if gpu is not None else None,
         "pool": pool.key,
         "image": pod_parts.image_of(spec, policy),
@@ -127,6 +162,7 @@ def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> lis
     )
     return [
         *args,
+        *_render_args(spec),
         "--max-workers", str(max_workers(spec, policy)),
         "--duration", f"{settings.seconds_per_count:g}",
         *inputs,
@@ -168,8 +204,15 @@ def render_job(
     )
 
 
-def not_needed_reason(decision: WorkerDecision) -> str | None:
+def not_needed_reason(decision: WorkerDecision, spec: api.MultimodalPreprocessorSpec, probe: api.ProbeResult) -> str | None:
     """Why a measurement could not change this pool's count: a rule above Measured decided it."""
+    if measures(spec, probe) == calibration_report.RENDER_PROCESSES:
+        if spec.serving.render_processes is not None:
+            return (
+                f"spec.serving.renderProcesses asks for {spec.serving.render_processes} render process(es), "
+                "which wins over a measurement"
+            )
+        return None
     if decision.reason is WorkerReason.NOT_CLONEABLE:
         return "the processor cannot be deep-copied, so 1 worker serves whatever a measurement says"
     if decision.reason is WorkerReason.NOT_THREAD_SAFE:
@@ -259,11 +302,13 @@ def pool_calibration(
         for p in (report.curve if report is not None else ())
     ]
     message = outcome.message
-    if outcome.state == "Succeeded" and report is not None and report.chosen is not None:
-        best = report.best if report.best is not None else report.chosen
+    chosen = report.chosen if outcome.state == "Succeeded" and report is not None else None
+    if chosen is not None and report is not None:
+        best = report.best if report.best is not None else chosen
         best_rate = next((p.req_per_s for p in report.curve if p.workers == best), 0.0)
-        message = calibration_report.Choice(report.chosen, best, best_rate, report.tolerance).explanation()
-        message += f", measured on node {node}" if node else ""
+        choice = calibration_report.Choice(chosen, best, best_rate, report.tolerance, report.dimension)
+        message = choice.explanation() + (f", measured on node {node}" if node else "")
+    dimension = report.dimension if report is not None else None
     return api.PoolCalibration(
         hash=hash_,
         job=job,
@@ -272,8 +317,10 @@ def pool_calibration(
         message=message,
         node=node,
         measured_at=measured_at if outcome.state in ("Succeeded", "Failed") else None,
+        measures=_MEASURES.get(dimension) if dimension is not None else None,
         curve=curve,
-        chosen_workers=report.chosen if report is not None and outcome.state == "Succeeded" else None,
+        chosen_workers=chosen if dimension == calibration_report.PROCESSOR_WORKERS else None,
+        chosen_render_processes=chosen if dimension == calibration_report.RENDER_PROCESSES else None,
         tolerance=report.tolerance if report is not None else None,
     )
 

@@ -26,6 +26,9 @@ class PoolDecision:
     decision: WorkerDecision
     #: Where the override came from, e.g. "spec: gpuFamily=blackwell, path=gpu"; None if none applied.
     override_source: str | None
+    #: vLLM render processes per pod of the general render path: spec.serving.renderProcesses, else
+    #: the calibration's count; None: neither (the runtime starts one per usable CPU).
+    render_processes: int | None = None
 
 
 def _specificity(override: WorkerOverride, pool: Pool, path: Path) -> int | None:
@@ -79,8 +82,10 @@ def decide_pool(
     pool: Pool,
     policy_overrides: Sequence[WorkerOverride],
     measured: int | None = None,
+    measured_render_processes: int | None = None,
 ) -> PoolDecision:
-    """``measured``: the count a calibration run chose for this pool, when one succeeded."""
+    """``measured``: the worker count a calibration run chose for this pool, when one succeeded;
+    ``measured_render_processes``: the render process count one chose (the general render path)."""
     path = decide_path(
         gpu_available=gpu_available(spec, pool),
         device=spec.device,
@@ -101,7 +106,7 @@ def decide_pool(
         declared_io=_usable_declared(probe.declared_io_workers),
     )
     source = match[1] if match and decision.reason is Reason.OVERRIDE else None
-    return PoolDecision(pool, decision, source)
+    return PoolDecision(pool, decision, source, spec.serving.render_processes or measured_render_processes)
 
 
 def sentence(d: PoolDecision) -> str:

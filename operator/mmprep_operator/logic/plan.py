@@ -104,14 +104,20 @@ def make_plan(
     pooling: pools.Pooling | None = None,
     measured: Mapping[str, int] | None = None,
     autoscalers: autoscaling.Autoscalers = autoscaling.ASSUMED,
+    measured_render_processes: Mapping[str, int] | None = None,
 ) -> Plan:
     """``pooling``: ``pools.group(nodes, spec)`` when the caller already has it (memoized).
-    ``measured``: pool name -> the worker count its calibration chose (see ``calibration``).
+    ``measured``: pool name -> the worker count its calibration chose (see ``calibration``);
+    ``measured_render_processes``: pool name -> the render process count one chose.
     ``autoscalers``: what the cluster has to autoscale with (only read with spec.autoscaling)."""
     if pooling is None:
         pooling = pools.group(nodes, spec)
     measured = measured or {}
-    decisions = tuple(decide_pool(spec, probe, pool, policy.overrides, measured.get(pool.name)) for pool in pooling.pools)
+    processes = measured_render_processes or {}
+    decisions = tuple(
+        decide_pool(spec, probe, pool, policy.overrides, measured.get(pool.name), processes.get(pool.name))
+        for pool in pooling.pools
+    )
     blocked = platform_problems(spec, pooling.pools, policy)
     # Blocked pools keep their Deployment at 0 replicas (status still shows them); the others share the total.
     weights = {name: w for name, w in pools.pool_weights(pooling.pools).items() if name not in blocked}

@@ -11,7 +11,8 @@ termination message), ``identity`` (labels and names).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from mmprep_operator import api
@@ -100,6 +101,13 @@ def model_args(spec: api.MultimodalPreprocessorSpec) -> list[str]:
         # The backend changes which image processor loads, so the probe must see it too.
         args += ["--backend", spec.backend.value]
     return args
+
+
+def vllm_args_flag(vllm_args: Sequence[str]) -> str:
+    """``spec.serving.vllmArgs`` as the runtime's ``--vllm-args`` (serve's and calibrate's): one
+    argument, split back into words by the runtime as a shell would (shlex); joined to its flag,
+    as a value that starts with "--" would otherwise read as a flag of its own."""
+    return f"--vllm-args={shlex.join(vllm_args)}"
 
 
 def model_env(spec: api.MultimodalPreprocessorSpec) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ probe and calibration Jobs), ``plan`` (which calls ``render_children``).
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -42,9 +41,10 @@ from mmprep_operator.logic.pod_parts import (
     pod_identity,
     pod_metadata,
     pull_policy_of,
+    vllm_args_flag,
 )
 from mmprep_operator.logic.pools import ARCH_LABEL, ARM64, Pool, pool_arch
-from mmprep_runtime.contract import PoolDecisionEnv
+from mmprep_runtime.contract import ENV_RENDER_PROCESSES, PoolDecisionEnv
 
 RUNTIME_PORT: Final = 8080
 #: vLLM's render server listens on 8000 by default: a drop-in keeps the port its clients use.
@@ -82,7 +82,11 @@ def _placement(spec: api.MultimodalPreprocessorSpec, pool: Pool) -> dict[str, An
 def decision_env(spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> list[dict[str, Any]]:
     w = d.decision
     carried = PoolDecisionEnv(d.pool.name, w.path, w.processor_workers, w.io_workers, w.reason)
-    return carried.to_env()
+    env = carried.to_env()
+    if d.render_processes is not None and spec.serving.render_processes is None:
+        # The measured count. An explicit one is already a flag (runtime_flags), which wins over env.
+        env.append({"name": ENV_RENDER_PROCESSES, "value": str(d.render_processes)})
+    return env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +127,7 @@ def runtime_flags(serving: api.ServingSpec) -> list[str]:
         if value is not None:
             out += [flag, str(value)]
     if serving.vllm_args is not None:
-        # One argument, split back into words by the runtime as a shell would (shlex); joined to
-        # its flag, as a value that starts with "--" would otherwise read as a flag of its own.
-        out.append(f"--vllm-args={shlex.join(serving.vllm_args)}")
+        out.append(vllm_args_flag(serving.vllm_args))
     return out
 
 

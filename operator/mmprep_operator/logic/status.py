@@ -158,6 +158,7 @@ def _pool_status(d: PoolDecision, obs: Observation) -> api.PoolStatus:
         io_workers=w.io_workers,
         reason=w.reason.value,
         message=sentence(d),
+        render_processes=d.render_processes,
         override_source=d.override_source,
         explicit_not_honoured=w.explicit_not_honoured,
         deployment=deployment,

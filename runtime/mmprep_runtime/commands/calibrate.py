@@ -10,23 +10,39 @@ in interleaved rounds so background load on the node hits all of them alike.
 N is the smaller of ``--max-workers`` and the CPUs this process may use (the pod's CPU limit
 shows up as a cgroup quota): more workers than CPUs cannot be faster on the CPU path, and on the
 GPU path the curve shows whether a second one is (the device's own contention is what is measured).
+
+With ``--render-path`` (a pool serving the vLLM render API) the path that would serve the model is
+measured: the native path's worker threads as above, or, on the general path, vLLM render
+processes 1..N (``measure_render_processes``): threads inside one of vLLM's processes add nothing
+(its processing holds the GIL), so processes are the dimension there. The report says which
+(``Report.dimension``).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
+import json
 import os
 import pathlib
 import sys
-from typing import Final
+from typing import Any, Final
 
-from mmprep_runtime import calibration_report, errors, exits, testing_media
+from mmprep_runtime import calibration_report, errors, exits, testing_media, versions
+from mmprep_runtime.apis import render_paths
 from mmprep_runtime.commands import measuring
 from mmprep_runtime.engine import core as engine
-from mmprep_runtime.engine import cpus, decoding
+from mmprep_runtime.engine import cpus, decoding, loading, vllm_pool
 from mmprep_runtime.exits import ModelLoadError, write_termination_message
-from mmprep_runtime.settings import Limits, ModelSettings, SettingsError, model_settings_from_args
+from mmprep_runtime.settings import (
+    Limits,
+    ModelSettings,
+    RenderSettings,
+    SettingsError,
+    model_settings_from_args,
+    render_settings_from_args,
+)
 
 EXIT_USAGE: Final = exits.EXIT_USAGE
 #: The model did not load, or no worker count could be measured.
@@ -41,6 +57,21 @@ class Inputs:
 
     images: tuple[bytes, ...]
     names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How each count is measured: ``duration`` seconds in all, split into ``rounds`` interleaved
+    with the other counts', after ``warmup`` seconds; and the choice's ``tolerance``."""
+
+    duration: float
+    rounds: int
+    warmup: float
+    tolerance: float
+
+    @property
+    def per_round(self) -> float:
+        return self.duration / self.rounds
 
 
 def synthetic_inputs(sizes: list[tuple[int, int]]) -> Inputs:
@@ -66,16 +97,7 @@ def sample_inputs(folder: pathlib.Path) -> Inputs:
     return Inputs(images, tuple(p.name for p in files))
 
 
-def measure(
-    settings: ModelSettings,
-    inputs: Inputs,
-    counts: list[int],
-    *,
-    duration: float,
-    rounds: int,
-    warmup: float,
-    tolerance: float,
-) -> calibration_report.Report:
+def measure(settings: ModelSettings, inputs: Inputs, counts: list[int], schedule: Schedule) -> calibration_report.Report:
     engines: dict[int, engine.Engine] = {}
     parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
     try:
@@ -86,29 +108,94 @@ def measure(
         names = inputs.names if facts.takes_images else ()
         job = measuring.build_workload(facts, (64, 48), decode=facts.takes_images, images=inputs.images).job
         for running in engines.values():
-            if warmup > 0:
-                measuring.measure_pool(running, job, warmup, False)
-        for _ in range(rounds):
+            if schedule.warmup > 0:
+                measuring.measure_pool(running, job, schedule.warmup, False)
+        for _ in range(schedule.rounds):
             for count, running in engines.items():
-                parts[count].append(measuring.measure_pool(running, job, duration / rounds, False))
+                parts[count].append(measuring.measure_pool(running, job, schedule.per_round, False))
     finally:
         for running in engines.values():
             running.close()
+    return _report(parts, counts, names, schedule, calibration_report.PROCESSOR_WORKERS)
+
+
+#: vLLM's render processes import vLLM and load the model each (tens of seconds on a loaded node).
+GENERAL_START_TIMEOUT_S: Final = 600.0
+
+
+def render_bodies(facts: loading.ProcessorFacts, inputs: Inputs) -> tuple[bytes, ...]:
+    """The vLLM render API's chat bodies the general path is measured with: one per input image,
+    or for a model that takes no images one WAV clip, or text alone."""
+    if facts.takes_images:
+        parts = [[_part("image_url", f"data:image/jpeg;base64,{base64.b64encode(image).decode()}")] for image in inputs.images]
+    elif facts.takes_audio:
+        clip = base64.b64encode(testing_media.wav(5.0)).decode()
+        parts = [[{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}]]
+    else:
+        parts = [[]]
+    return tuple(
+        json.dumps(
+            {"messages": [{"role": "user", "content": [*p, {"type": "text", "text": "Describe it in one sentence."}]}]}
+        ).encode()
+        for p in parts
+    )
+
+
+def _part(kind: str, url: str) -> dict[str, Any]:
+    return {"type": kind, kind: {"url": url}}
+
+
+def measure_render_processes(
+    settings: ModelSettings,
+    render: RenderSettings,
+    bodies: tuple[bytes, ...],
+    counts: list[int],
+    schedule: Schedule,
+    *,
+    names: tuple[str, ...],
+) -> calibration_report.Report:
+    """Render process counts 1..N of the general path: N of vLLM's render processes start once,
+    and n of them are loaded at a time (one request in flight each), in interleaved rounds.
+    An idle process costs memory, not CPU, so the first n measure what a pod of n renders."""
+    pool = vllm_pool.VllmWorkerPool(settings.model, max(counts), vllm_pool.vllm_options(render))
+    pool.start(GENERAL_START_TIMEOUT_S)
+    parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
+    try:
+        sockets = pool.socket_paths
+        for count in counts:
+            if schedule.warmup > 0:
+                measuring.measure_sockets(sockets[:count], bodies, schedule.warmup)
+        for _ in range(schedule.rounds):
+            for count in counts:
+                parts[count].append(measuring.measure_sockets(sockets[:count], bodies, schedule.per_round))
+    finally:
+        pool.close()
+    return _report(parts, counts, names, schedule, calibration_report.RENDER_PROCESSES)
+
+
+def _report(
+    parts: dict[int, list[measuring.Measurement]],
+    counts: list[int],
+    names: tuple[str, ...],
+    schedule: Schedule,
+    dimension: str,
+) -> calibration_report.Report:
     curve = []
     for count in counts:
         summary = measuring.merge(parts[count]).summary()
         curve.append(
             calibration_report.CurvePoint(count, float(summary["req_per_s"] or 0.0), summary["p50_ms"], summary["p99_ms"])
         )
-    choice = calibration_report.choose(curve, tolerance)
+    choice = calibration_report.choose(curve, schedule.tolerance)
     return calibration_report.Report(
         curve=tuple(curve),
         chosen=choice.workers,
         best=choice.best_workers,
-        tolerance=tolerance,
+        tolerance=schedule.tolerance,
         usable_cpus=cpus.usable_cpus(),
         images=names,
-        seconds_per_count=duration,
+        seconds_per_count=schedule.duration,
+        dimension=dimension,
     )
 
 
@@ -125,9 +212,32 @@ def _answer(report: calibration_report.Report, termination_log: str | None) -> b
     return write_termination_message(termination_log, text)
 
 
+def calibrate_render(
+    settings: ModelSettings, render: RenderSettings, inputs: Inputs, counts: list[int], schedule: Schedule
+) -> calibration_report.Report:
+    """The vLLM render API's calibration: what sizes the path that serves the model. On the
+    general path (vLLM's own processing) that is the render processes; on the native path, its
+    clone-per-thread workers, measured as ``measure`` does."""
+    running = engine.start_engine(settings, processor_workers=1)
+    try:
+        facts = running.facts
+    finally:
+        running.close()
+    try:
+        path = render_paths.choose(render.path, facts.processor_class, versions.vllm_version())
+    except render_paths.NoRenderPath as exc:
+        raise calibration_report.CalibrationError(str(exc)) from None
+    if path.primary == render_paths.NATIVE:
+        return measure(settings, inputs, counts, schedule)
+    names = inputs.names if facts.takes_images else ()
+    return measure_render_processes(settings, render, render_bodies(facts, inputs), counts, schedule, names=names)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         settings = model_settings_from_args(args, os.environ)
+        # Only with --render-path: the pool serves the vLLM render API, whose path decides what to measure.
+        render = render_settings_from_args(args, os.environ) if args.render_path else None
         if args.duration <= 0 or args.rounds < 1:
             raise measuring.MeasureError("--duration must be positive and --rounds at least 1")
         calibration_report.check_tolerance(args.tolerance)
@@ -137,23 +247,26 @@ def main(args: argparse.Namespace) -> int:
         _answer(calibration_report.Report(error=str(exc)), args.termination_log)
         return EXIT_USAGE
     counts = calibration_report.worker_counts(min(args.max_workers, cpus.usable_cpus()))
+    schedule = Schedule(args.duration, args.rounds, args.warmup, args.tolerance)
     try:
-        report = measure(
-            settings,
-            inputs,
-            counts,
-            duration=args.duration,
-            rounds=args.rounds,
-            warmup=args.warmup,
-            tolerance=args.tolerance,
-        )
-    except (ModelLoadError, calibration_report.CalibrationError, errors.RequestError) as exc:
+        if render is None:
+            report = measure(settings, inputs, counts, schedule)
+        else:
+            report = calibrate_render(settings, render, inputs, counts, schedule)
+    except (
+        ModelLoadError,
+        calibration_report.CalibrationError,
+        errors.RequestError,
+        measuring.MeasureError,
+        vllm_pool.GeneralPathUnavailable,
+    ) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
         _answer(calibration_report.Report(error=str(exc)), args.termination_log)
         return EXIT_FAILED
+    noun = "render process(es)" if report.dimension == calibration_report.RENDER_PROCESSES else "worker(s)"
     for point in report.curve:
         print(
-            f"{point.workers} worker(s): {point.req_per_s:.1f} req/s, p50 {point.p50_ms} ms, p99 {point.p99_ms} ms",
+            f"{point.workers} {noun}: {point.req_per_s:.1f} req/s, p50 {point.p50_ms} ms, p99 {point.p99_ms} ms",
             file=sys.stderr,
         )
     print(f"chosen: {report.chosen} (best {report.best}, tolerance {report.tolerance:.0%})", file=sys.stderr)

@@ -28,6 +28,7 @@ from typing import Any, Final
 from mmprep_runtime import sizing, testing_media
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import decoding, loading, pipeline
+from mmprep_runtime.engine.vllm_pool import UnixHTTPConnection
 from mmprep_runtime.settings import Limits
 
 _PROGRESS_INTERVAL: Final = 0.5
@@ -348,3 +349,51 @@ def merge(parts: list[Measurement]) -> Measurement:
         sum(p.cpu_seconds for p in parts),
         max(p.rss_bytes for p in parts),
     )
+
+
+def measure_sockets(
+    socket_paths: tuple[str, ...], bodies: tuple[bytes, ...], duration: float, path: str = "/v1/chat/completions/render"
+) -> Measurement:
+    """Closed loop over vLLM render processes, one request in flight per process, for ``duration``.
+
+    One thread per process posts ``bodies`` in turn to that process's socket, directly (not
+    through mmprep's front): n sockets measure what n processes render. A non-200 answer stops
+    the measurement with vLLM's words: a calibration must not choose from refused requests.
+    """
+    lock = threading.Lock()
+    latencies: list[float] = []
+    failures: list[str] = []
+    started = time.perf_counter()
+    stop_at = started + duration
+
+    def load(socket_path: str, first: int) -> None:
+        turn = first
+        while time.perf_counter() < stop_at and not failures:
+            body = bodies[turn % len(bodies)]
+            turn += 1
+            t0 = time.perf_counter()
+            connection = UnixHTTPConnection(socket_path, timeout=max(60.0, duration * 4))
+            try:
+                connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                response = connection.getresponse()
+                answer = response.read()
+            except OSError as exc:
+                failures.append(f"render process on {socket_path}: {exc}")
+                return
+            finally:
+                connection.close()
+            if response.status != 200:
+                failures.append(f"vLLM answered {response.status}: {answer[:300].decode(errors='replace')}")
+                return
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=load, args=(p, i), daemon=True) for i, p in enumerate(socket_paths)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise MeasureError(failures[0])
+    seconds = time.perf_counter() - started
+    return Measurement("processes", len(socket_paths), 1, len(latencies), seconds, latencies, 0.0, _rss_bytes())

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
+from mmprep_runtime.settings import RenderSettings
 from mmprep_runtime.versions import vllm_version
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ class GeneralPathUnavailable(RuntimeError):
     """vLLM is not installed, or its render server could not start on this model."""
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to one render process over its Unix socket (health checks, the calibration's load)."""
+
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -59,7 +62,7 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 def _healthy(path: str) -> bool:
     if not os.path.exists(path):
         return False
-    connection = _UnixHTTPConnection(path, timeout=2.0)
+    connection = UnixHTTPConnection(path, timeout=2.0)
     try:
         connection.request("GET", "/health")
         return connection.getresponse().status == 200
@@ -90,6 +93,38 @@ class _Worker:
             return ""
 
 
+#: Linux's limit on a Unix socket's path (``sun_path``: 108 bytes with its terminating zero).
+_MAX_SOCKET_PATH: Final = 107
+
+
+def _socket_dir(processes: int) -> str:
+    """A new folder for the processes' sockets and logs, in the temp folder when the longest socket
+    path fits there, else in the first of /tmp and /dev/shm where it fits. A temp folder can sit
+    deep (an emptyDir mounted under a long path), and a socket path over the limit fails vLLM's
+    server at bind time with nothing but "AF_UNIX path too long"."""
+    socket = f"w{processes - 1}.sock"
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):
+        if len(os.path.join(base, "mmprep-vllm-xxxxxxxx", socket)) <= _MAX_SOCKET_PATH and os.access(base, os.W_OK):
+            return tempfile.mkdtemp(prefix="mmprep-vllm-", dir=base)
+    raise GeneralPathUnavailable(
+        f"no writable folder is short enough for the render processes' sockets (at most {_MAX_SOCKET_PATH} bytes); "
+        f"the temp folder is {tempfile.gettempdir()}: set TMPDIR to a shorter path"
+    )
+
+
+def vllm_options(settings: RenderSettings) -> list[str]:
+    """vLLM's options for the render settings mmprep also has, then the ones given as they are
+    (``--vllm-args``, later ones win in vLLM's parser)."""
+    options: list[str] = []
+    if settings.served_model_name:
+        options += ["--served-model-name", settings.served_model_name]
+    if settings.max_model_len:
+        options += ["--max-model-len", str(settings.max_model_len)]
+    if settings.normalized_pixels:
+        options.append("--no-mm-device-do-normalize")
+    return [*options, *settings.vllm_args]
+
+
 class VllmWorkerPool:
     """``processes`` workers of vLLM's render server for ``model`` (``vllm_args``: vLLM's options)."""
 
@@ -100,7 +135,7 @@ class VllmWorkerPool:
         self.vllm_args = tuple(vllm_args)
         self.version = vllm_version()
         self._env = dict(os.environ if env is None else env)
-        self._dir = tempfile.mkdtemp(prefix="mmprep-vllm-")
+        self._dir = _socket_dir(processes)
         self._workers = [
             _Worker(i, os.path.join(self._dir, f"w{i}.sock"), os.path.join(self._dir, f"w{i}.log")) for i in range(processes)
         ]
@@ -232,6 +267,11 @@ class VllmWorkerPool:
     @property
     def processes(self) -> int:
         return len(self._workers)
+
+    @property
+    def socket_paths(self) -> tuple[str, ...]:
+        """Each process's socket, in process order (the calibration loads the first n directly)."""
+        return tuple(w.socket_path for w in self._workers)
 
     @property
     def busy(self) -> int:

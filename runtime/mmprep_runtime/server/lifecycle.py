@@ -20,7 +20,7 @@ from mmprep_runtime.engine import core as engine_module
 from mmprep_runtime.engine import cpus, vllm_pool
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.state import ServerState
-from mmprep_runtime.settings import RenderSettings, ServeSettings
+from mmprep_runtime.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -80,26 +80,13 @@ class GeneralStart:
 GENERAL_START_TIMEOUT_S: Final = 600.0
 
 
-def vllm_options(settings: RenderSettings) -> list[str]:
-    """vLLM's options for the render settings mmprep also has, then the ones given as they are
-    (``--vllm-args``, later ones win in vLLM's parser)."""
-    options: list[str] = []
-    if settings.served_model_name:
-        options += ["--served-model-name", settings.served_model_name]
-    if settings.max_model_len:
-        options += ["--max-model-len", str(settings.max_model_len)]
-    if settings.normalized_pixels:
-        options.append("--no-mm-device-do-normalize")
-    return [*options, *settings.vllm_args]
-
-
 def start_general(settings: ServeSettings, processor_class: str) -> GeneralStart:
     """Choose the render path and start the general path's processes when it needs them (blocking)."""
     path = render_paths.choose(settings.render.path, processor_class, versions.vllm_version())
     if not path.needs_general:
         return GeneralStart(path, None)
     processes = settings.render.processes or (cpus.usable_cpus() if path.primary == render_paths.GENERAL else 1)
-    pool = vllm_pool.VllmWorkerPool(settings.model.model, processes, vllm_options(settings.render))
+    pool = vllm_pool.VllmWorkerPool(settings.model.model, processes, vllm_pool.vllm_options(settings.render))
     try:
         pool.start(GENERAL_START_TIMEOUT_S)
     except vllm_pool.GeneralPathUnavailable as exc:

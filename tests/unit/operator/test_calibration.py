@@ -14,7 +14,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.reconcile import Reconciler
 from mmprep_operator.logic import calibration, pools
-from mmprep_runtime.calibration_report import CurvePoint, Report
+from mmprep_runtime.calibration_report import PROCESSOR_WORKERS, RENDER_PROCESSES, CurvePoint, Report
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
 PROBE_NOT_CLONEABLE = json.dumps({"cloneable": False, "error": "boom", "fast_image_processor": True})
@@ -26,10 +26,12 @@ CPU_SPEC = {
 }
 
 
-def report(chosen: int, *rates: float) -> str:
+def report(chosen: int, *rates: float, dimension: str = PROCESSOR_WORKERS) -> str:
     points = tuple(CurvePoint(w, r, 10.0 * w, 20.0 * w) for w, r in enumerate(rates, start=1))
     best = max(points, key=lambda p: p.req_per_s).workers
-    return Report(curve=points, chosen=chosen, best=best, tolerance=0.05, usable_cpus=4, images=("1280x960",)).to_message()
+    return Report(
+        curve=points, chosen=chosen, best=best, tolerance=0.05, usable_cpus=4, images=("1280x960",), dimension=dimension
+    ).to_message()
 
 
 class Cluster:
@@ -306,3 +308,76 @@ async def test_a_model_declared_not_thread_safe_gets_one_worker_per_pool_and_its
     assert pool["calibration"]["state"] == "NotNeeded"
     degraded = next(c for c in cluster.status()["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "ExplicitWorkersNotHonoured" and "not thread-safe" in degraded["message"]
+
+
+# ------------------------------------------------------------------ the general render path: processes
+
+#: What the probe says of a model with no native fast path, in the vLLM image.
+PROBE_GENERAL = json.dumps({**json.loads(PROBE_OK), "render_path": "general", "render_path_reason": "no native fast path"})
+PROBE_NATIVE = json.dumps({**json.loads(PROBE_OK), "render_path": "native", "render_path_reason": "native fast path"})
+VLLM_SPEC = {**CPU_SPEC, "api": "vllm-render", "serving": {"vllmArgs": ["--limit-mm-per-prompt", '{"image": 2}']}}
+
+
+async def test_the_general_render_path_measures_render_processes_and_the_pods_get_the_count() -> None:
+    cluster = Cluster()
+    await cluster.probed(VLLM_SPEC, PROBE_GENERAL)
+    [(job_name, job)] = cluster.jobs("calibration").items()
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # The pods' own path and vLLM options: the runtime measures what would serve the model.
+    assert command[command.index("--render-path") + 1] == "auto"
+    assert """--vllm-args=--limit-mm-per-prompt '{"image": 2}'""" in command
+    pool = cluster.pools()["cpu"]
+    assert "renderProcesses" not in pool
+    assert "MMPREP_RENDER_PROCESSES" not in env_of(cluster, pool["deployment"])
+
+    cluster.api.finish_job(job_name, report(3, 40.0, 79.0, 117.0, 118.0, dimension=RENDER_PROCESSES))
+    await cluster.reconcile()
+    pool = cluster.pools()["cpu"]
+    cal = pool["calibration"]
+    assert (cal["state"], cal["measures"], cal["chosenRenderProcesses"]) == ("Succeeded", "renderProcesses", 3)
+    assert "chosenWorkers" not in cal
+    assert cal["message"].startswith("3 render process(es): the fewest within 5%")
+    assert pool["renderProcesses"] == 3
+    # Processes are the general path's dimension: the worker threads keep their rule.
+    assert (pool["processorWorkers"], pool["reason"]) == (2, "CPUPathDefault")
+    assert env_of(cluster, pool["deployment"])["MMPREP_RENDER_PROCESSES"] == "3"
+
+
+async def test_an_explicit_render_process_count_wins_and_is_not_measured() -> None:
+    spec = {**VLLM_SPEC, "serving": {"renderProcesses": 3}}
+    cluster = Cluster()
+    await cluster.probed(spec, PROBE_GENERAL)
+    pool = cluster.pools()["cpu"]
+    assert pool["calibration"]["state"] == "NotNeeded"
+    assert "spec.serving.renderProcesses asks for 3" in pool["calibration"]["message"]
+    assert pool["renderProcesses"] == 3
+    # The flag carries it; no env beside it.
+    assert "MMPREP_RENDER_PROCESSES" not in env_of(cluster, pool["deployment"])
+    assert cluster.jobs("calibration") == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "probe", "measured"),
+    [
+        (CPU_SPEC, PROBE_GENERAL, PROCESSOR_WORKERS),  # the mmprep API has no render path
+        (VLLM_SPEC, PROBE_NATIVE, PROCESSOR_WORKERS),  # auto, and the model has the native path
+        (VLLM_SPEC, PROBE_GENERAL, RENDER_PROCESSES),
+        ({**VLLM_SPEC, "serving": {"renderPath": "general"}}, PROBE_NATIVE, RENDER_PROCESSES),
+        ({**VLLM_SPEC, "serving": {"renderPath": "native"}}, PROBE_GENERAL, PROCESSOR_WORKERS),
+    ],
+)
+def test_what_a_calibration_measures_follows_the_path_that_serves(spec: dict, probe: str, measured: str) -> None:
+    parsed = api.MultimodalPreprocessorSpec.model_validate(spec)
+    assert calibration.measures(parsed, api.ProbeResult.model_validate(json.loads(probe))) == measured
+
+
+def test_the_render_path_and_vllms_options_join_the_hash_of_vllm_render_resources_only() -> None:
+    policy = OperatorPolicy()
+    (cpu,) = pools.group([make_node("cpu-a", {})], api.MultimodalPreprocessorSpec.model_validate(CPU_SPEC)).pools
+
+    def hash_of(spec: dict) -> str:
+        return calibration.calibration_hash(api.MultimodalPreprocessorSpec.model_validate(spec), policy, cpu)
+
+    assert "render" not in calibration.calibration_inputs(api.MultimodalPreprocessorSpec.model_validate(CPU_SPEC), policy, cpu)
+    general = {**VLLM_SPEC, "serving": {"renderPath": "general"}}
+    assert len({hash_of(VLLM_SPEC), hash_of(general), hash_of({**VLLM_SPEC, "serving": {}})}) == 3

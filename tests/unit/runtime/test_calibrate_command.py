@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import pytest
 
 from mmprep_runtime import cli, testing_media
-from mmprep_runtime.calibration_report import Report
+from mmprep_runtime.calibration_report import PROCESSOR_WORKERS, Report
 from mmprep_runtime.commands import calibrate, measuring
 from mmprep_runtime.engine import cpus, decoding, loading
 from mmprep_runtime.settings import ModelSettings
@@ -97,3 +98,41 @@ def test_a_decoding_workload_takes_its_images_in_turn(qwen_dir):
     for _ in range(3):
         workload.job(recording_processor)
     assert seen == [(64, 48), (32, 40), (64, 48)]
+
+
+# ----------------------------------------------------------------- the vLLM render API's general path
+
+
+def test_with_the_native_render_path_calibrate_measures_worker_threads(qwen_dir, capsys, monkeypatch):
+    # Qwen2-VL has the native fast path: under auto it serves, and its workers are what is measured.
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 1)
+    argv = ["calibrate", "--model", str(qwen_dir), "--render-path", "auto", "--duration", "0.3", "--rounds", "1"]
+    assert cli.main([*argv, "--warmup", "0", "--image", "160x120"]) == 0
+    report = Report.from_message(capsys.readouterr().out.strip())
+    assert report.dimension == PROCESSOR_WORKERS and report.chosen == 1
+
+
+def test_the_general_render_path_without_vllm_installed_is_a_failure_the_operator_can_read(qwen_dir, tmp_path, capsys):
+    log = tmp_path / "log"
+    argv = ["calibrate", "--model", str(qwen_dir), "--render-path", "general", "--termination-log", str(log)]
+    assert cli.main(argv) == calibrate.EXIT_FAILED
+    assert "needs vLLM installed" in Report.from_message(log.read_text()).error
+
+
+def _content(body: bytes) -> list[dict[str, Any]]:
+    (message,) = json.loads(body)["messages"]
+    return list(message["content"])
+
+
+def test_the_general_paths_requests_carry_what_the_model_takes(qwen_dir, whisper_dir):
+    inputs = calibrate.synthetic_inputs([(64, 48), (32, 24)])
+    _processor, images = loading.load_processor(ModelSettings(str(qwen_dir)))
+    bodies = calibrate.render_bodies(images, inputs)
+    assert len(bodies) == 2
+    for body, image in zip(bodies, inputs.images, strict=True):
+        first, text = _content(body)
+        assert first["type"] == "image_url" and text["type"] == "text"
+        assert base64.b64decode(first["image_url"]["url"].split(",", 1)[1]) == image
+    _processor, audio = loading.load_processor(ModelSettings(str(whisper_dir)))
+    ((clip, _text),) = [_content(b) for b in calibrate.render_bodies(audio, inputs)]
+    assert clip["type"] == "input_audio" and clip["input_audio"]["format"] == "wav"

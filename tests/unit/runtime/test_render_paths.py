@@ -7,14 +7,16 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 from typing import Any
 
 import pytest
 
 from mmprep_runtime import errors
 from mmprep_runtime.apis import fetching, render_paths, vllm_general
-from mmprep_runtime.server.lifecycle import vllm_options
-from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError, _render_settings
+from mmprep_runtime.engine import vllm_pool
+from mmprep_runtime.engine.vllm_pool import vllm_options
+from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError, render_settings_from_args
 
 
 @pytest.mark.parametrize(
@@ -53,16 +55,16 @@ def _args(**values: Any) -> argparse.Namespace:
 
 
 def test_render_settings_from_flags_and_env() -> None:
-    settings = _render_settings(
+    settings = render_settings_from_args(
         _args(render_path="general", render_processes=3, vllm_args="--limit-mm-per-prompt '{\"image\": 4}'"), {}
     )
     assert (settings.path, settings.processes) == ("general", 3)
     assert settings.vllm_args == ("--limit-mm-per-prompt", '{"image": 4}')
-    from_env = _render_settings(
+    from_env = render_settings_from_args(
         _args(), {"MMPREP_RENDER_PATH": "native", "MMPREP_RENDER_PROCESSES": "2", "MMPREP_VLLM_ARGS": "--max-num-seqs 4"}
     )
     assert (from_env.path, from_env.processes, from_env.vllm_args) == ("native", 2, ("--max-num-seqs", "4"))
-    assert _render_settings(_args(), {}).path == "auto"
+    assert render_settings_from_args(_args(), {}).path == "auto"
 
 
 @pytest.mark.parametrize(
@@ -75,7 +77,7 @@ def test_render_settings_from_flags_and_env() -> None:
 )
 def test_bad_render_settings_say_which(values: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
-        _render_settings(_args(**values), {})
+        render_settings_from_args(_args(**values), {})
 
 
 def test_vllms_options_mirror_mmprep_settings_and_the_given_ones_come_last() -> None:
@@ -137,3 +139,55 @@ def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
     body = _chat({"type": "audio_url", "audio_url": {"url": "http://169.254.169.254/latest/meta-data"}})
     with pytest.raises(errors.RequestError, match="not a public address"):
         asyncio.run(vllm_general.inline_media_urls(body, _FakeFetcher({})))
+
+
+def _audio_body(*parts: dict[str, Any]) -> bytes:
+    return json.dumps({"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "?"}]}]}).encode()
+
+
+def test_inline_audio_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The decoders are vLLM's (its virtualenv has them; this one does not): stand-ins here, the real
+    # ones in tests/compat. Each clip reaches the check decoded from base64.
+    seen: list[bytes] = []
+
+    def problem(clip: bytes) -> str | None:
+        seen.append(clip)
+        return "No 'data' chunk marker" if clip.startswith(b"BAD") else None
+
+    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", problem)
+    good = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF ok").decode(), "format": "wav"}}
+    bad_url = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + base64.b64encode(b"BAD").decode()}}
+    vllm_general.check_audio(_audio_body(good))
+    with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[1\]\.audio_url: the audio cannot be decoded: No 'data'"):
+        vllm_general.check_audio(_audio_body(good, bad_url))
+    assert seen == [b"RIFF ok", b"RIFF ok", b"BAD"]
+
+
+def test_audio_the_check_cannot_read_is_left_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "never called")
+    # Not base64, a data URI that is not base64, no audio at all, not JSON: vLLM's own answer stands.
+    vllm_general.check_audio(_audio_body({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}))
+    vllm_general.check_audio(_audio_body({"type": "audio_url", "audio_url": {"url": "data:audio/wav,RIFF"}}))
+    vllm_general.check_audio(_audio_body({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}))
+    vllm_general.check_audio(b"{not json input_audio")
+
+
+def test_without_an_audio_decoder_installed_nothing_is_refused() -> None:
+    # This virtualenv has neither soundfile nor PyAV (vLLM's does): the check stands aside.
+    assert vllm_general.decoding.audio_decode_problem(b"definitely not audio") is None
+
+
+def test_the_render_sockets_go_where_their_paths_fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # A deep temp folder (an emptyDir mounted under a long path) would fail vLLM's bind.
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setattr(vllm_pool.tempfile, "tempdir", str(deep))
+    made = vllm_pool._socket_dir(processes=4)
+    try:
+        assert not made.startswith(str(deep)) and len(os.path.join(made, "w3.sock")) <= 107, made
+    finally:
+        os.rmdir(made)
+    shallow = tmp_path / "s"
+    shallow.mkdir()
+    monkeypatch.setattr(vllm_pool.tempfile, "tempdir", str(shallow))
+    assert vllm_pool._socket_dir(processes=4).startswith(str(shallow))
