@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Builds both mmprep images on this machine: mmprep-operator:$IMAGE_TAG and mmprep-runtime:$IMAGE_TAG.
+# Builds both mmprep images on this machine: mmprep-operator:$IMAGE_TAG and mmprep-runtime:$IMAGE_TAG,
+# and on request the runtime's vLLM flavor, mmprep-runtime-vllm:$IMAGE_TAG (~10 GB).
 #
-#   hack/docker/build-images.sh [operator|runtime ...]       default: both
+#   hack/docker/build-images.sh [operator|runtime|runtime-vllm ...]       default: operator runtime
+#
+# The vLLM flavor always builds online (pip reaches PyPI from inside the build): its wheels
+# (vLLM, its torch and CUDA libraries) are not in the host's wheelhouse.
 #
 # Environment:
 #   BASE_IMAGE        base for both images; default `local`: the debootstrap image from
@@ -25,7 +29,9 @@ targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(operator runtime)
 docker_cli
 base=${BASE_IMAGE:-local}
 if [ "$base" = local ]; then "$here/build-base.sh"; base=$LOCAL_BASE_IMAGE; fi
-if [ "${MMPREP_WHEELHOUSE:-1}" = 1 ]; then "$here/wheelhouse.sh" "${targets[@]}"; fi
+light=()
+for t in "${targets[@]}"; do [ "$t" = runtime-vllm ] || light+=("$t"); done
+if [ "${MMPREP_WHEELHOUSE:-1}" = 1 ] && [ ${#light[@]} -gt 0 ]; then "$here/wheelhouse.sh" "${light[@]}"; fi
 
 wheelhouse_mode=auto
 [ "${MMPREP_WHEELHOUSE:-1}" = 1 ] || wheelhouse_mode=off
@@ -34,12 +40,14 @@ cert=${PIP_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 if [ -s "$cert" ]; then secret=(--secret "id=pip-cert,src=$cert"); fi
 
 for t in "${targets[@]}"; do
-  case "$t" in operator|runtime) ;; *) die "unknown target '$t' (operator or runtime)";; esac
+  case "$t" in operator|runtime|runtime-vllm) ;; *) die "unknown target '$t' (operator, runtime or runtime-vllm)";; esac
   image="$IMAGE_PREFIX$t:$IMAGE_TAG"
+  mode=$wheelhouse_mode
+  [ "$t" != runtime-vllm ] || mode=off
   log "building $image from $base"
   start=$(date +%s)
   previous=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
-  "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" --build-arg "WHEELHOUSE=$wheelhouse_mode" \
+  "$DOCKER" build --progress=plain --target "$t" --build-arg "BASE_IMAGE=$base" --build-arg "WHEELHOUSE=$mode" \
     "${secret[@]}" --tag "$image" "$repo" >"$DOCKER_CACHE/build-$t.log" 2>&1 \
     || { tail -40 "$DOCKER_CACHE/build-$t.log" >&2; die "building $image failed (log: $DOCKER_CACHE/build-$t.log)"; }
   # The image a rebuild replaces would stay behind untagged; drop it (unless a container uses it).
