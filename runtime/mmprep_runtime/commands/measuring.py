@@ -102,6 +102,7 @@ def build_workload(
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:
         audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000, max_seconds=60),)
+        text = f"What is said? {facts.audio_token}" if facts.audio_token else "What is said?"
     return Workload(facts, pipeline.PreprocessRequest(text, decoded, audio), encoded, decode)
 
 

@@ -56,6 +56,8 @@ class ProcessorFacts:
     declared_io_workers: int | None = None
     #: The ``fast_paths`` stand-ins bound on this processor (empty when off or not applicable).
     fast_paths: tuple[str, ...] = ()
+    #: The text placeholder one audio clip takes (Qwen2-Audio's ``<|AUDIO|>``); None: none (Whisper).
+    audio_token: str | None = None
 
     def reported(self) -> dict[str, object]:
         """The facts that both the probe and ``/v1/info`` report, under the same keys."""
@@ -157,6 +159,7 @@ def facts_of(
         thread_safe=declaration.thread_safe,
         declared_io_workers=declaration.io_workers,
         fast_paths=fast_paths,
+        audio_token=getattr(processor, "audio_token", None) if feature_extractor is not None else None,
     )
 
 

@@ -136,3 +136,15 @@ def test_the_general_paths_requests_carry_what_the_model_takes(qwen_dir, whisper
     _processor, audio = loading.load_processor(ModelSettings(str(whisper_dir)))
     ((clip, _text),) = [_content(b) for b in calibrate.render_bodies(audio, inputs)]
     assert clip["type"] == "input_audio" and clip["input_audio"]["format"] == "wav"
+
+
+def test_an_audio_workload_carries_the_placeholder_its_processor_expands(tmp_path):
+    # Qwen2-Audio's processor refuses a clip whose text has no <|AUDIO|>; Whisper's takes none.
+    from mmprep_runtime import testing_models
+
+    folder = testing_models.make_model("qwen2-audio", tmp_path / "qwen2-audio")
+    processor, facts = loading.load_processor(ModelSettings(str(folder)))
+    assert facts.audio_token == "<|AUDIO|>"
+    workload = measuring.build_workload(facts, (8, 8), decode=False)
+    assert workload.request.text.endswith("<|AUDIO|>")
+    workload.job(processor)  # the processor runs it
