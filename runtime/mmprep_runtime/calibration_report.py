@@ -20,7 +20,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from mmprep_runtime.contract import ContractError, json_object
 from mmprep_runtime.exits import TERMINATION_MESSAGE_MAX_BYTES
@@ -30,9 +30,10 @@ DEFAULT_TOLERANCE: Final = 0.05
 MAX_REPORT_BYTES: Final = TERMINATION_MESSAGE_MAX_BYTES
 #: What a curve's counts are: processor worker threads (the native processing) or, for the vLLM
 #: render API's general path, vLLM render processes (one thread each: vLLM's processing holds the GIL).
-PROCESSOR_WORKERS: Final = "processorWorkers"
-RENDER_PROCESSES: Final = "renderProcesses"
-DIMENSIONS: Final = (PROCESSOR_WORKERS, RENDER_PROCESSES)
+Dimension = Literal["processorWorkers", "renderProcesses"]
+PROCESSOR_WORKERS: Final[Dimension] = "processorWorkers"
+RENDER_PROCESSES: Final[Dimension] = "renderProcesses"
+DIMENSIONS: Final[tuple[Dimension, ...]] = (PROCESSOR_WORKERS, RENDER_PROCESSES)
 _NOUNS: Final = {PROCESSOR_WORKERS: "worker(s)", RENDER_PROCESSES: "render process(es)"}
 
 
@@ -54,7 +55,7 @@ class Choice:
     best_workers: int
     best_req_per_s: float
     tolerance: float
-    dimension: str = PROCESSOR_WORKERS
+    dimension: Dimension = PROCESSOR_WORKERS
 
     def explanation(self) -> str:
         noun = _NOUNS[self.dimension]
@@ -114,7 +115,7 @@ class Report:
     seconds_per_count: float | None = None
     error: str | None = None
     #: What the counts are (``DIMENSIONS``); a report without it measured processor workers.
-    dimension: str = PROCESSOR_WORKERS
+    dimension: Dimension = PROCESSOR_WORKERS
 
     def to_message(self) -> str:
         """The report as the calibration Job's termination message: compact JSON within its bound."""
@@ -162,9 +163,9 @@ class Report:
         chosen = data.get("chosen")
         if chosen is not None and not is_worker_count(chosen):
             raise CalibrationError(f"calibration chose an impossible worker count: {chosen!r}")
-        dimension = data.get("dimension", PROCESSOR_WORKERS)
-        if dimension not in DIMENSIONS:
-            raise CalibrationError(f"calibration measured an unknown dimension: {dimension!r}")
+        dimension = next((d for d in DIMENSIONS if d == data.get("dimension", PROCESSOR_WORKERS)), None)
+        if dimension is None:
+            raise CalibrationError(f"calibration measured an unknown dimension: {data.get('dimension')!r}")
         error = data.get("error")
         if error is None and chosen is None:
             raise CalibrationError("calibration output has neither a chosen count nor an error")

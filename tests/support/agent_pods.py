@@ -32,9 +32,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 try:  # run under the agent script (hack/cluster-up.sh): this folder is on sys.path
-    from servers import free_port
+    from servers import VLLM_CPU_ENV, free_port
 except ImportError:  # imported as support.agent_pods
-    from support.servers import free_port
+    from support.servers import VLLM_CPU_ENV, free_port
 
 log = logging.getLogger("mmprep-test-agent")
 
@@ -200,8 +200,7 @@ class PodRunner:
         if venv is not None and image_name == VLLM_IMAGE and argv[0] == "mmprep-runtime":
             # What the vLLM image runs: the runtime beside vLLM, on the CPU, offline.
             argv = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", *argv[1:]]
-            env.update({"PYTHONPATH": str(_RUNTIME_SOURCES), "CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu",
-                        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})  # fmt: skip
+            env.update({**VLLM_CPU_ENV, "PYTHONPATH": str(_RUNTIME_SOURCES)})
         message_file = c.get("terminationMessagePath") or "/dev/termination-log"
         message_path = self.dir / f"{c['name']}.termination-log"
         # Mount paths map onto local folders; longest first so nested mounts win. A mount over

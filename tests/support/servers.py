@@ -31,15 +31,18 @@ def vllm_render_command(venv: pathlib.Path, model: pathlib.Path, port: int, *, n
     return [*command, "--no-mm-device-do-normalize"] if normalized else command
 
 
+#: vLLM on the CPU, offline, reporting nothing (the test agent gives its vLLM-image pods these too).
+VLLM_CPU_ENV = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
 def vllm_render_env() -> dict[str, str]:
     """vLLM on the CPU, offline, reporting nothing, in its own virtualenv (not this one)."""
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
+    env = {**os.environ, **VLLM_CPU_ENV}
     env.pop("VIRTUAL_ENV", None)
     return env

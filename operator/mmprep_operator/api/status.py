@@ -13,6 +13,7 @@ from pydantic import Field
 from mmprep_operator.api.autoscaling import PoolAutoscalingStatus
 from mmprep_operator.api.base import ApiModel
 from mmprep_operator.api.spec import MultimodalPreprocessorSpec
+from mmprep_runtime.calibration_report import Dimension
 from mmprep_runtime.contract import ProbeAnswer
 
 #: A condition reason as metav1.Condition has it: CamelCase, as every reason the operator writes
@@ -81,7 +82,7 @@ class PoolCalibration(ApiModel):
     message: str = Field("", description="What was chosen and why, or why there is no measurement.")
     node: str | None = Field(None, description="The node the Job ran on.")
     measured_at: str | None = Field(None, description="When the result was read (RFC 3339).")
-    measures: Literal["processorWorkers", "renderProcesses"] | None = Field(
+    measures: Dimension | None = Field(
         None,
         description="What the curve's counts are: processorWorkers (clone-per-thread workers), or renderProcesses "
         "(vLLM render processes of the general render path, for api vllm-render models it serves).",

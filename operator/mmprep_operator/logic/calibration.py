@@ -30,7 +30,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
@@ -45,10 +45,6 @@ LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
 ANNOTATION_RECALIBRATE: Final = "mmprep.dev/recalibrate"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-_MEASURES: Final[dict[str, Literal["processorWorkers", "renderProcesses"]]] = {
-    calibration_report.PROCESSOR_WORKERS: "processorWorkers",
-    calibration_report.RENDER_PROCESSES: "renderProcesses",
-}
 
 
 def wanted(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> bool:
@@ -84,7 +80,7 @@ def max_workers(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) ->
     return max(1, min(cap, math.floor(cores)))
 
 
-def measures(spec: api.MultimodalPreprocessorSpec, probe: api.ProbeResult) -> str:
+def measures(spec: api.MultimodalPreprocessorSpec, probe: api.ProbeResult) -> calibration_report.Dimension:
     """What a calibration of this resource's pools measures (``calibration_report.DIMENSIONS``).
 
     The vLLM render API's general path (vLLM's own processing) scales with render processes, one
@@ -317,7 +313,7 @@ def pool_calibration(
         message=message,
         node=node,
         measured_at=measured_at if outcome.state in ("Succeeded", "Failed") else None,
-        measures=_MEASURES.get(dimension) if dimension is not None else None,
+        measures=dimension,
         curve=curve,
         chosen_workers=chosen if dimension == calibration_report.PROCESSOR_WORKERS else None,
         chosen_render_processes=chosen if dimension == calibration_report.RENDER_PROCESSES else None,

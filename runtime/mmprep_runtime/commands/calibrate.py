@@ -119,10 +119,6 @@ def measure(settings: ModelSettings, inputs: Inputs, counts: list[int], schedule
     return _report(parts, counts, names, schedule, calibration_report.PROCESSOR_WORKERS)
 
 
-#: vLLM's render processes import vLLM and load the model each (tens of seconds on a loaded node).
-GENERAL_START_TIMEOUT_S: Final = 600.0
-
-
 def render_bodies(facts: loading.ProcessorFacts, inputs: Inputs) -> tuple[bytes, ...]:
     """The vLLM render API's chat bodies the general path is measured with: one per input image,
     or for a model that takes no images one WAV clip, or text alone."""
@@ -158,7 +154,7 @@ def measure_render_processes(
     and n of them are loaded at a time (one request in flight each), in interleaved rounds.
     An idle process costs memory, not CPU, so the first n measure what a pod of n renders."""
     pool = vllm_pool.VllmWorkerPool(settings.model, max(counts), vllm_pool.vllm_options(render))
-    pool.start(GENERAL_START_TIMEOUT_S)
+    pool.start(vllm_pool.START_TIMEOUT_S)
     parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
     try:
         sockets = pool.socket_paths
@@ -178,7 +174,7 @@ def _report(
     counts: list[int],
     names: tuple[str, ...],
     schedule: Schedule,
-    dimension: str,
+    dimension: calibration_report.Dimension,
 ) -> calibration_report.Report:
     curve = []
     for count in counts:

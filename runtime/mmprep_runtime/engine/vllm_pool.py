@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.5
 #: A worker that died is restarted at most this often, so a model that cannot load does not spin.
 _RESTART_BACKOFF_SECONDS: Final = 5.0
+#: How long starting the pool may take: each process imports vLLM and loads the model (tens of
+#: seconds on a loaded node).
+START_TIMEOUT_S: Final = 600.0
 #: What a worker's start may print before it fails, kept for the error message.
 _LOG_TAIL_LINES: Final = 30
 

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Final
 
 from mmprep_runtime import versions
 from mmprep_runtime.apis import render_paths, vllm_general, vllm_model
@@ -76,10 +75,6 @@ class GeneralStart:
     pool: vllm_pool.VllmWorkerPool | None
 
 
-#: vLLM's render processes import vLLM and load the model each (tens of seconds on a loaded node).
-GENERAL_START_TIMEOUT_S: Final = 600.0
-
-
 def start_general(settings: ServeSettings, processor_class: str) -> GeneralStart:
     """Choose the render path and start the general path's processes when it needs them (blocking)."""
     path = render_paths.choose(settings.render.path, processor_class, versions.vllm_version())
@@ -88,7 +83,7 @@ def start_general(settings: ServeSettings, processor_class: str) -> GeneralStart
     processes = settings.render.processes or (cpus.usable_cpus() if path.primary == render_paths.GENERAL else 1)
     pool = vllm_pool.VllmWorkerPool(settings.model.model, processes, vllm_pool.vllm_options(settings.render))
     try:
-        pool.start(GENERAL_START_TIMEOUT_S)
+        pool.start(vllm_pool.START_TIMEOUT_S)
     except vllm_pool.GeneralPathUnavailable as exc:
         if path.primary == render_paths.GENERAL:
             raise

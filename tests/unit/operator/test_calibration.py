@@ -14,7 +14,7 @@ from mmprep_operator.api.policy import OperatorPolicy
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.reconcile import Reconciler
 from mmprep_operator.logic import calibration, pools
-from mmprep_runtime.calibration_report import PROCESSOR_WORKERS, RENDER_PROCESSES, CurvePoint, Report
+from mmprep_runtime.calibration_report import PROCESSOR_WORKERS, RENDER_PROCESSES, CurvePoint, Dimension, Report
 
 PROBE_OK = json.dumps({"cloneable": True, "fast_image_processor": True, "processor_class": "P"})
 PROBE_NOT_CLONEABLE = json.dumps({"cloneable": False, "error": "boom", "fast_image_processor": True})
@@ -26,7 +26,7 @@ CPU_SPEC = {
 }
 
 
-def report(chosen: int, *rates: float, dimension: str = PROCESSOR_WORKERS) -> str:
+def report(chosen: int, *rates: float, dimension: Dimension = PROCESSOR_WORKERS) -> str:
     points = tuple(CurvePoint(w, r, 10.0 * w, 20.0 * w) for w, r in enumerate(rates, start=1))
     best = max(points, key=lambda p: p.req_per_s).workers
     return Report(
