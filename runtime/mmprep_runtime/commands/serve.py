@@ -111,6 +111,10 @@ async def run_server(
 DRAIN_SIGNAL: Final = signal.Signals[f"SIG{contract.DRAIN_SIGNAL}"]
 #: At most this long to accept the connections queued when the listener stops taking new ones.
 LISTENER_QUIESCE_SECONDS: Final = 1.0
+#: Then this long for a connection accepted a moment ago to deliver its request before the idle
+#: connections close: a connection that has sent nothing yet counts as idle, and closing it under a
+#: client that is about to send resets that client's request instead of answering it 503.
+FIRST_REQUEST_GRACE_SECONDS: Final = 0.25
 
 
 async def _until(event: asyncio.Event, timeout: float) -> None:
@@ -151,6 +155,7 @@ async def drain(
     state.drain.close()
     if not hurry.is_set():
         await listener.quiesce(sockets, LISTENER_QUIESCE_SECONDS)
+        await _until(hurry, FIRST_REQUEST_GRACE_SECONDS)
     for site in list(runner.sites):
         await site.stop()
     if runner.server is not None:
