@@ -386,10 +386,14 @@ def _lease_holder_pod(kube: Kube) -> str | None:
     return holder.rsplit("_", 1)[0] if holder else None
 
 
-def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_without_duplicates(kind: KindCluster) -> None:
+def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_a_live_replica_without_duplicates(kind: KindCluster) -> None:
     """Two operator replicas on one Lease; the leader's pod is deleted with no grace period (its
-    process is killed, nothing is released) while a burst of resources is being reconciled. The
-    standby, already running, takes the Lease once it runs out and finishes the burst."""
+    process is killed, nothing is released) while a burst of resources is being reconciled. A live
+    replica takes the Lease once it runs out and finishes the burst.
+
+    Which live replica is a fair race, as in client-go: a force-deleted pod's object goes at once,
+    but its kubelet kills the process a moment later and it renews until then, so the replacement
+    pod may be up and counting the lease out alongside the standby."""
     kube = kind.kube
     names = [f"burst-{i}" for i in range(3)]
     affinity = load_example("cpu-pool")["spec"]["affinity"]
@@ -409,7 +413,7 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_
         kube.core.delete_namespaced_pod(leader, RELEASE_NAMESPACE, grace_period_seconds=0)
         killed = time.monotonic()
         print(f"deployments made before the leader's pod was deleted: {len(mine())} of {len(names)}")
-        # A change made while nobody leads: the standby's first reconcile is what picks it up.
+        # A change made while nobody leads: the next leader's first reconcile is what picks it up.
         kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(docs[2]))
         wait_for(
             lambda: (kube.get_mmp(NAMESPACE, names[2]).get("status") or {}).get("observedGeneration"),
@@ -417,8 +421,11 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_
             what="the first reconcile after the kill",
         )
         takeover = time.monotonic() - killed
-        assert _lease_holder_pod(kube) == standby, "the standby did not take over"
-        print(f"seconds from the leader's kill to the standby's first reconcile: {takeover:.1f}")
+        holder = _lease_holder_pod(kube)
+        live = {p.metadata.name for p in _operator_pods(kube)}
+        assert holder != leader and holder in live, f"the Lease is held by {holder}, not by a live replica of {live}"
+        role = "the standby" if holder == standby else "the killed leader's replacement"
+        print(f"seconds from the leader's kill to the first reconcile after it, by {role}: {takeover:.1f}")
         for name in names:
             kube.wait_mmp(
                 NAMESPACE,
@@ -439,11 +446,11 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_the_standby_
         # One probe Job per model, shared by every resource serving it.
         probes = [j.metadata.name for j in kube.jobs(NAMESPACE) if j.metadata.name.startswith("mmprep-probe-")]
         assert len(probes) == len(set(probes)) and len(probes) <= 2, probes
-        # The deleted pod's replacement comes back as the new standby.
+        # Two replicas again, and the new leader kept the Lease (the other one stands by).
         wait_for(
             lambda: len([p for p in _operator_pods(kube) if p.status.phase == "Running"]) == 2, 300, what="two replicas again"
         )
-        assert _lease_holder_pod(kube) == standby
+        assert _lease_holder_pod(kube) == holder
     finally:
         _delete_mmps(kind, names)
 
