@@ -86,17 +86,11 @@ def _audio_clips(body: Any) -> Iterator[tuple[str, str]]:
                     yield data, f"messages[{m}].content[{p}].audio_url"
 
 
-def check_audio(body: bytes) -> None:
+def check_audio(body: Any) -> None:
     """Refuse, with a 400 naming it, an audio clip no decoder can open. vLLM 0.33 answers such a
     clip with a 500 (its decoder's error escapes as a server error), which tells a client to retry
     what can never succeed; every decodable clip goes to vLLM untouched."""
-    if b"input_audio" not in body and b"audio_url" not in body:
-        return
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return  # vLLM answers that
-    for data, where in _audio_clips(parsed):
+    for data, where in _audio_clips(body):
         try:
             clip = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
@@ -106,22 +100,29 @@ def check_audio(body: bytes) -> None:
             raise errors.BadMedia(f"{where}: the audio cannot be decoded: {problem}")
 
 
-async def inline_media_urls(body: bytes, fetcher: fetching.Fetcher) -> bytes:
-    """``body`` with every http(s) media URL replaced by the fetched bytes as a data URI, or
-    ``body`` itself (byte for byte) when it has none or is not JSON (vLLM answers that)."""
-    if b"http" not in body:
+async def inline_media_urls(body: Any, fetcher: fetching.Fetcher) -> bool:
+    """Replace, in the parsed ``body``, every http(s) media URL with the fetched bytes as a data
+    URI; True when there was one."""
+    targets = list(_url_parts(body))
+    for target, where in targets:
+        data = await fetcher.fetch(target["url"], where)
+        target["url"] = f"data:{_INLINE_TYPE};base64,{base64.b64encode(data).decode()}"
+    return bool(targets)
+
+
+async def prepare(body: bytes, fetcher: fetching.Fetcher) -> bytes:
+    """The body vLLM gets: media URLs fetched here and inlined, inline audio checked (fetched clips
+    included). ``body`` itself, byte for byte, when nothing changed or it is not JSON (vLLM answers
+    that); parsed at most once, and only when it may hold a URL or a clip."""
+    if b"http" not in body and b"input_audio" not in body and b"audio_url" not in body:
         return body
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return body
-    targets = list(_url_parts(parsed))
-    if not targets:
-        return body
-    for target, where in targets:
-        data = await fetcher.fetch(target["url"], where)
-        target["url"] = f"data:{_INLINE_TYPE};base64,{base64.b64encode(data).decode()}"
-    return orjson.dumps(parsed)
+    changed = await inline_media_urls(parsed, fetcher)
+    check_audio(parsed)
+    return orjson.dumps(parsed) if changed else body
 
 
 class GeneralRenderer:
@@ -147,8 +148,7 @@ class GeneralRenderer:
         return session
 
     async def render(self, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
-        body = await inline_media_urls(body, self.fetcher)
-        check_audio(body)
+        body = await prepare(body, self.fetcher)
         # A process that cannot be connected to got nothing: the request goes to the next one.
         for _ in range(self.pool.processes):
             # Only taking the lease raises GeneralPathUnavailable (no process is ready).

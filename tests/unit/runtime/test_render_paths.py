@@ -119,7 +119,7 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
         {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
     )
-    out = json.loads(asyncio.run(vllm_general.inline_media_urls(body, fetcher)))
+    out = json.loads(asyncio.run(vllm_general.prepare(body, fetcher)))
     urls = [p[p["type"]]["url"] for p in out["messages"][0]["content"] if p["type"] != "text"]
     assert urls == [
         "data:application/octet-stream;base64," + base64.b64encode(b"JPEG").decode(),
@@ -131,14 +131,14 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
 
 def test_a_body_without_urls_goes_on_byte_for_byte() -> None:
     body = _chat({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
-    assert asyncio.run(vllm_general.inline_media_urls(body, _FakeFetcher({}))) is body
-    assert asyncio.run(vllm_general.inline_media_urls(b"{not json http", _FakeFetcher({}))) == b"{not json http"
+    assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
+    assert asyncio.run(vllm_general.prepare(b"{not json http", _FakeFetcher({}))) == b"{not json http"
 
 
 def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
     body = _chat({"type": "audio_url", "audio_url": {"url": "http://169.254.169.254/latest/meta-data"}})
     with pytest.raises(errors.RequestError, match="not a public address"):
-        asyncio.run(vllm_general.inline_media_urls(body, _FakeFetcher({})))
+        asyncio.run(vllm_general.prepare(body, _FakeFetcher({})))
 
 
 def _audio_body(*parts: dict[str, Any]) -> bytes:
@@ -157,19 +157,32 @@ def test_inline_audio_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pyt
     monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", problem)
     good = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF ok").decode(), "format": "wav"}}
     bad_url = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + base64.b64encode(b"BAD").decode()}}
-    vllm_general.check_audio(_audio_body(good))
+    body = _audio_body(good)
+    assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
     with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[1\]\.audio_url: the audio cannot be decoded: No 'data'"):
-        vllm_general.check_audio(_audio_body(good, bad_url))
+        asyncio.run(vllm_general.prepare(_audio_body(good, bad_url), _FakeFetcher({})))
     assert seen == [b"RIFF ok", b"RIFF ok", b"BAD"]
+
+
+def test_a_fetched_audio_url_is_checked_once_inlined(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
+    fetcher = _FakeFetcher({"https://example.com/a.wav": b"BAD"})
+    body = _audio_body({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}})
+    with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[0\]\.audio_url: the audio cannot be decoded: truncated"):
+        asyncio.run(vllm_general.prepare(body, fetcher))
+    assert fetcher.fetched == ["https://example.com/a.wav"]
 
 
 def test_audio_the_check_cannot_read_is_left_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "never called")
     # Not base64, a data URI that is not base64, no audio at all, not JSON: vLLM's own answer stands.
-    vllm_general.check_audio(_audio_body({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}))
-    vllm_general.check_audio(_audio_body({"type": "audio_url", "audio_url": {"url": "data:audio/wav,RIFF"}}))
-    vllm_general.check_audio(_audio_body({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}))
-    vllm_general.check_audio(b"{not json input_audio")
+    for body in (
+        _audio_body({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}),
+        _audio_body({"type": "audio_url", "audio_url": {"url": "data:audio/wav,RIFF"}}),
+        _audio_body({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
+        b"{not json input_audio",
+    ):
+        assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
 
 
 def test_without_an_audio_decoder_installed_nothing_is_refused() -> None:
