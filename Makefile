@@ -45,6 +45,7 @@ control-plane:
 # render benchmark: the peer the vLLM render API is compared with.
 vllm-venv:
 	hack/vllm/venv.sh >/dev/null
+	hack/vllm/venv.sh cpu-engine >/dev/null
 
 cluster-up: venv
 	hack/cluster-up.sh

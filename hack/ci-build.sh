@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything `make test` needs, phase by phase, each timed (hack/phases.sh):
 #
-#   hack/ci-build.sh       the Python environment, lint, the control plane and vLLM's virtualenv
+#   hack/ci-build.sh       the Python environment, lint, the control plane and vLLM's virtualenvs
 #                          (side by side), the Docker engine, both images and the kind node image
 #
 # Every step installs the Debian packages it needs itself (hack/system-packages.txt) and caches
@@ -19,17 +19,18 @@ make venv
 # Right after the environment, before the long builds: a lint failure stops CI in minutes.
 phase "lint, format, types and import layers"
 make lint
-# The control plane (Go, CPU-bound) and vLLM's virtualenv (mostly downloads) overlap well even on
+# The control plane (Go, CPU-bound) and vLLM's virtualenvs (mostly downloads) overlap well even on
 # two cores. Each logs to its own file, shown when it fails.
-phase "control plane + vLLM's virtualenv (side by side)"
+phase "control plane + vLLM's virtualenvs (side by side)"
 logs=$(mktemp -d)
 hack/build-control-plane.sh >"$logs/control-plane.log" 2>&1 &
 cp_job=$!
-hack/vllm/venv.sh >"$logs/vllm.log" 2>&1 &
+# vLLM's render peer, then its CPU build (the engine the generate-server test runs).
+(hack/vllm/venv.sh && hack/vllm/venv.sh cpu-engine) >"$logs/vllm.log" 2>&1 &
 vllm_job=$!
 failed=()
 wait "$cp_job" || failed+=("the control plane build")
-wait "$vllm_job" || failed+=("vLLM's virtualenv")
+wait "$vllm_job" || failed+=("vLLM's virtualenvs")
 cat "$logs/control-plane.log" "$logs/vllm.log"
 rm -rf "$logs"
 [ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]} (its log is above)"; exit 1; }

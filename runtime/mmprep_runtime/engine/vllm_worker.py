@@ -29,7 +29,13 @@ from typing import Any
 
 def _vllm_args(argv: list[str]) -> argparse.Namespace:
     """vLLM's own parser and checks, as ``vllm launch render`` applies them."""
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ModuleNotFoundError:  # vLLM 0.32 keeps them with its launchers
+        from vllm.entrypoints.launchers.cli_args import (
+            make_arg_parser,
+            validate_parsed_serve_args,
+        )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="mmprep-runtime vllm worker"))

