@@ -17,8 +17,9 @@ venv: $(VENV)/.installed
 # The control-plane binaries are built and vLLM's virtualenv installed (once each, cached under
 # ~/.cache/mmprep) before pytest starts, so a cold install prints its progress here instead of
 # inside a test's timeout.
+# --durations: the slowest tests, where a CI run that nears its time budget spends it.
 test: venv control-plane vllm-venv
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 unit: venv
 	$(PY) -m pytest tests/unit

@@ -41,7 +41,7 @@ case "$FLAVOR" in
   *) echo "usage: $0 [render|cpu-engine]" >&2; exit 2 ;;
 esac
 marker="$venv/.mmprep-deps-$(printf '%s' "$deps" | sha256sum | cut -c1-12)"
-if [ -f "$venv/.installed" ] && [ -f "$marker" ]; then
+if [ -f "$venv/.installed" ] && [ -f "$marker" ] && [ -f "$venv/.mmprep-linked" ]; then
   echo "$venv"
   exit 0
 fi
@@ -106,5 +106,33 @@ if [ ! -f "$marker" ]; then
   "$venv/bin/python" -m pip install --quiet -r "$venv/.mmprep-deps.txt" >&2
   "$venv/bin/python" -c 'import msgpack, blake3, psutil, orjson, pybase64, aiohttp, av, soundfile, soxr, scipy.signal' >&2
   touch "$marker"
+fi
+if [ ! -f "$venv/.mmprep-linked" ]; then
+  # Both virtualenvs hold CUDA's libraries and much else at the same versions (3 GB): a file equal
+  # to the other virtualenv's becomes a hard link to it, so the disk holds it once. pip replaces a
+  # file rather than writing into it, so an upgrade in one never changes the other.
+  "$PYTHON" - "$venv" "$root"/vllm-*-py"$pyver" >&2 <<'PY'
+import filecmp, os, sys
+from pathlib import Path
+site = lambda venv: next(Path(venv).glob("lib/python*/site-packages"), None)
+target = site(sys.argv[1])
+others = [s for s in map(site, sys.argv[2:]) if s is not None and s != target]
+linked = 0
+for path in target.rglob("*") if target else ():
+    if path.is_symlink() or not path.is_file() or path.stat().st_size < 1 << 16:
+        continue
+    for other in others:
+        twin = other / path.relative_to(target)
+        if not twin.is_file() or twin.is_symlink() or twin.stat().st_ino == path.stat().st_ino:
+            continue
+        if twin.stat().st_size == path.stat().st_size and filecmp.cmp(path, twin, shallow=False):
+            temporary = path.with_name(path.name + ".mmprep-link")
+            os.link(twin, temporary)
+            os.replace(temporary, path)
+            linked += path.stat().st_size
+            break
+print(f"{linked / 2**30:.1f} GiB linked to the other vLLM virtualenvs' equal files")
+PY
+  touch "$venv/.mmprep-linked"
 fi
 echo "$venv"
