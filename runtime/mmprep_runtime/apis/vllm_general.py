@@ -47,43 +47,40 @@ class RenderProcessLost(errors.NotReady):
     code = "render_process_lost"
 
 
+def _content_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each content part of the chat messages that is an object, with where it is. Anything else
+    in the body is left for vLLM to answer."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for m, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, dict):
+                yield part, f"messages[{m}].content[{p}]"
+
+
 def _url_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
     """Each (URL object, where) of the chat messages' media parts with an http(s) URL."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
-        return
-    for m, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for p, part in enumerate(content):
-            if not isinstance(part, dict):
+    for part, where in _content_parts(body):
+        for key in _URL_PARTS:
+            target = part.get(key)
+            if not isinstance(target, dict):
                 continue
-            for key in _URL_PARTS:
-                target = part.get(key)
-                if not isinstance(target, dict):
-                    continue
-                url = target.get("url")
-                if isinstance(url, str) and url[:5].lower() != "data:" and url.split(":", 1)[0].lower() in ("http", "https"):
-                    yield target, f"messages[{m}].content[{p}].{key}"
+            url = target.get("url")
+            if isinstance(url, str) and url[:5].lower() != "data:" and url.split(":", 1)[0].lower() in ("http", "https"):
+                yield target, f"{where}.{key}"
 
 
 def _audio_clips(body: Any) -> Iterator[tuple[str, str]]:
     """Each (base64 data, where) of the chat messages' inline audio: ``input_audio`` parts, and
     ``audio_url`` parts with a data URI (fetched URLs are data URIs by now)."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    for m, message in enumerate(messages if isinstance(messages, list) else ()):
-        content = message.get("content") if isinstance(message, dict) else None
-        for p, part in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(part, dict):
-                continue
-            inline, url = part.get("input_audio"), part.get("audio_url")
-            if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-                yield inline["data"], f"messages[{m}].content[{p}].input_audio"
-            elif isinstance(url, dict) and isinstance(url.get("url"), str) and url["url"][:5].lower() == "data:":
-                header, _, data = url["url"].partition(",")
-                if header.lower().endswith(";base64"):
-                    yield data, f"messages[{m}].content[{p}].audio_url"
+    for part, where in _content_parts(body):
+        inline, url = part.get("input_audio"), part.get("audio_url")
+        if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+            yield inline["data"], f"{where}.input_audio"
+        elif isinstance(url, dict) and isinstance(url.get("url"), str) and url["url"][:5].lower() == "data:":
+            header, _, data = url["url"].partition(",")
+            if header.lower().endswith(";base64"):
+                yield data, f"{where}.audio_url"
 
 
 def check_audio(body: Any) -> None:
