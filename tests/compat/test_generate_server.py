@@ -23,13 +23,13 @@ from __future__ import annotations
 import copy
 import os
 import pathlib
-import re
 import shlex
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support import readme
 from support.kube import HACK, REPO
 from support.render_servers import Server, data_uri
 from support.servers import free_port, vllm_render_env
@@ -47,10 +47,8 @@ CPU_ENGINE_ARGS = ["--load-format", "dummy", "--enforce-eager", "--max-model-len
 
 def readme_generate_command() -> list[str]:
     """The ``vllm serve`` line of the README's section on pointing an engine at the tier."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Pointing a vLLM engine at the tier") :]
-    section = section[: section.index("\n## ", 1)]
-    lines = [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()]
+    blocks = readme.code_blocks("Pointing a vLLM engine at the tier", "sh")
+    lines = [line for block in blocks for line in block.splitlines()]
     (line,) = [line for line in lines if line.startswith("vllm serve ")]
     return shlex.split(line.split("#", 1)[0])
 
@@ -72,9 +70,16 @@ def _engine_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(cpu_engine_venv: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+def model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tiny Qwen2-VL folder: its config's sizes make an engine that starts in seconds."""
+    return testing_models.make_model("qwen2-vl", tmp_path_factory.mktemp("generate-model") / "qwen2-vl")
+
+
+@pytest.fixture(scope="module")
+def servers(
+    cpu_engine_venv: pathlib.Path, model: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Server]]:
     work = tmp_path_factory.mktemp("generate")
-    model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")
     command = readme_generate_command()
     assert command[:2] == ["vllm", "serve"] and "--port" in command, command
     command[0] = str(cpu_engine_venv / "bin" / "vllm")
@@ -151,8 +156,9 @@ def test_the_engine_generates_from_what_mmprep_renders_as_from_its_own_render(se
     assert _cached(again) == _cached(ours), (again["usage"], ours["usage"])
 
 
-def test_tokens_only_refuses_a_multimodal_model_as_the_readme_says(cpu_engine_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    model = testing_models.make_model("qwen2-vl", tmp_path / "qwen2-vl")
+def test_tokens_only_refuses_a_multimodal_model_as_the_readme_says(
+    cpu_engine_venv: pathlib.Path, model: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
     command = [str(cpu_engine_venv / "bin" / "vllm"), "serve", str(model), "--tokens-only", "--port", str(free_port())]
     done = subprocess.run(
         [*command, "--host", "127.0.0.1", *CPU_ENGINE_ARGS],

@@ -33,6 +33,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support import readme
 from support.example_scenarios import example_names, expected_pools, load_example, pools_of_status, wait_until_decided_and_ready
 from support.kind_bringup import BRINGUP, CLUSTER, KUBECONFIG, NAMESPACE, kind_down, kind_env
 from support.kind_load import RESTRICTED, LoadPod, start_load
@@ -455,15 +456,9 @@ def test_the_active_operator_pod_killed_mid_reconcile_hands_over_to_a_live_repli
         _delete_mmps(kind, names)
 
 
-README = REPO / "README.md"
-
-
 def _readme_first_resource() -> list[dict[str, Any]]:
     """The objects of the README's "A first resource" section, in its order (claim, Job, resource)."""
-    text = README.read_text()
-    section = text[text.index("## A first resource") :]
-    section = section[: section.index("\n## ", 1)]
-    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    blocks = readme.code_blocks("A first resource", "yaml")
     return [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
 
 
@@ -514,7 +509,7 @@ def test_the_readmes_first_resource_goes_ready_on_kind_and_answers(kind: KindClu
         (container,) = job["spec"]["template"]["spec"]["containers"]
         container["image"] = RUNTIME_IMAGE
         container["imagePullPolicy"] = "IfNotPresent"
-        offline = re.search(r"`(mmprep-runtime make-model [^`]+)`", README.read_text())
+        offline = re.search(r"`(mmprep-runtime make-model [^`]+)`", readme.README.read_text())
         assert offline, "the README's offline command"
         container["command"] = offline.group(1).split()
         resource["spec"]["resources"] = copy.deepcopy(SMALL)
