@@ -130,6 +130,7 @@ class Server:
         self.log = log.open("wb")
         self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.env = {**os.environ, "MMPREP_BODY": str(body_file)}
+        self.body_file = body_file
         self.rounds: list[dict[str, Any]] = []
         self.answer_bytes = 0
 
@@ -165,6 +166,9 @@ class Server:
         if not measure:
             return
         result = parse_wrk(done.stdout)
+        if result["non_2xx"]:
+            sample = _RUNTIME.show_failure(self.base + CHAT_PATH, self.body_file)
+            print(f"{self.name}: {result['non_2xx']} answers were not 200; one now: {sample}", file=sys.stderr)
         result["cpu_seconds"] = process_tree_cpu(self.process.pid) - cpu_before
         result["seconds"] = elapsed
         result["wrk_cpu_seconds"] = _RUNTIME.children_cpu_seconds() - wrk_before

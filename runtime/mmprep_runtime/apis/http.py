@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from aiohttp import web
+from aiohttp import abc, payload, web
 
 from mmprep_runtime import errors
+from mmprep_runtime.engine.pipeline import AnswerBody, Pieces
 from mmprep_runtime.settings import Limits
 
 OCTET_STREAM: Final = "application/octet-stream"
@@ -27,6 +28,36 @@ class Answer:
 
     response: web.Response
     decode_seconds: float
+
+
+class PiecesPayload(payload.Payload):
+    """A ``Pieces`` answer for aiohttp: its length announced up front, its pieces written in turn."""
+
+    def __init__(self, pieces: Pieces, content_type: str) -> None:
+        super().__init__(pieces, content_type=content_type)
+        self._pieces = pieces
+        self._size = pieces.size
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self._pieces.joined().decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self._pieces.joined()
+
+    async def write(self, writer: abc.AbstractStreamWriter) -> None:
+        for part in self._pieces.parts:
+            await writer.write(part)
+
+    async def write_with_length(self, writer: abc.AbstractStreamWriter, content_length: int | None) -> None:
+        # aiohttp's own writers call this with the announced length: the pieces are that long.
+        await self.write(writer)
+
+
+def answer_response(body: AnswerBody, content_type: str) -> web.Response:
+    """The response for an encoded answer (``pipeline.AnswerBody``)."""
+    if isinstance(body, Pieces):
+        return web.Response(body=PiecesPayload(body, content_type))
+    return web.Response(body=body, content_type=content_type)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

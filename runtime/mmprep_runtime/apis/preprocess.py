@@ -12,7 +12,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis.http import JSON_TYPE, OCTET_STREAM, Answer, read_json_body
+from mmprep_runtime.apis.http import JSON_TYPE, OCTET_STREAM, Answer, answer_response, read_json_body
 from mmprep_runtime.engine import core, loading, pipeline
 from mmprep_runtime.settings import Limits
 
@@ -55,4 +55,4 @@ async def preprocess(request: web.Request, engine: core.Engine, limits: Limits) 
     body = await read_json_body(request, limits)
     api = pipeline.PreprocessApi(engine.facts, limits, binary, dict(loading.DEVICE_NORMALIZE_KWARGS) if uint8 else {})
     served = await engine.serve(api, body)
-    return Answer(web.Response(body=served.payload, content_type=OCTET_STREAM if binary else JSON_TYPE), served.decode_seconds)
+    return Answer(answer_response(served.payload, OCTET_STREAM if binary else JSON_TYPE), served.decode_seconds)

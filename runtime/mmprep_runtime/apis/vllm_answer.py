@@ -19,6 +19,7 @@ import orjson
 from mmprep_runtime import errors
 from mmprep_runtime.apis import openai_chat, vllm_format
 from mmprep_runtime.apis.vllm_model import ModelFacts
+from mmprep_runtime.engine.pipeline import AnswerBody, Pieces
 
 
 @dataclasses.dataclass
@@ -93,9 +94,9 @@ def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_
 _MARKER: Final = f"mmprep-kwargs-{uuid.uuid4().hex}-"
 
 
-def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> tuple[dict[str, Any], list[bytes]]:
-    """The ``GenerateRequest`` as a JSON-ready dict whose kwargs items are markers, and the items'
-    base64 (``encode_answer`` splices them in: megabytes that never become a Python str)."""
+def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> tuple[dict[str, Any], list[list[bytes]]]:
+    """The ``GenerateRequest`` as a JSON-ready dict whose kwargs items are markers, and each item's
+    base64 in pieces (``encode_answer`` splices them in: megabytes that never become a Python str)."""
     request = rendered.request
     body: dict[str, Any] = {
         "request_id": request_id,
@@ -105,13 +106,13 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
         "stream": request.stream,
         "priority": request.priority,
     }
-    blobs: list[bytes] = []
+    blobs: list[list[bytes]] = []
     if rendered.items:
         metadata = [vllm_format.metadata_item(item) for item in rendered.items]
         markers = []
         for item in rendered.items:
             markers.append(f"{_MARKER}{len(blobs)}")
-            blobs.append(vllm_format.kwargs_item_base64(item))
+            blobs.append(vllm_format.kwargs_item_base64_pieces(item))
         body["features"] = {
             "mm_hashes": {"image": rendered.hashes},
             "mm_placeholders": {"image": rendered.placeholders},
@@ -136,8 +137,9 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
     return body, blobs
 
 
-def encode_answer(answer: Any, blobs: list[bytes]) -> bytes:
-    """JSON bytes of ``answer`` with each marker string replaced by its base64 blob (as a string)."""
+def encode_answer(answer: Any, blobs: list[list[bytes]]) -> AnswerBody:
+    """JSON of ``answer`` with each marker string replaced by its base64 blob (as a string): the
+    JSON's pieces and the blobs' pieces in order, never joined here (``pipeline.Pieces``)."""
     text = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return text
@@ -146,6 +148,6 @@ def encode_answer(answer: Any, blobs: list[bytes]) -> bytes:
     for index, blob in enumerate(blobs):
         before, found, rest = rest.partition(f"{_MARKER}{index}".encode())
         assert found, "every kwargs item has its marker"
-        pieces += [before, blob]
+        pieces += [before, *blob]
     pieces.append(rest)
-    return b"".join(pieces)
+    return Pieces(tuple(pieces))

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from mmprep_runtime import errors
 from mmprep_runtime.apis import fetching, vllm_format, vllm_general, vllm_model, vllm_render
-from mmprep_runtime.apis.http import JSON_TYPE, Answer, read_json_body
+from mmprep_runtime.apis.http import JSON_TYPE, Answer, answer_response, read_json_body
 from mmprep_runtime.engine import core
 from mmprep_runtime.settings import Limits
 
@@ -45,7 +45,7 @@ async def render(
 ) -> Answer:
     api = vllm_render.RenderApi(engine.facts, model, limits, fetcher, chat, request_id=request.headers.get("X-Request-Id"))
     served = await engine.serve(api, body)
-    return Answer(web.Response(body=served.payload, content_type=JSON_TYPE), served.decode_seconds)
+    return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
 
 
 #: Request headers handed on to vLLM's render process (its request id comes from X-Request-Id).

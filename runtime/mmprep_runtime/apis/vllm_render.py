@@ -253,7 +253,7 @@ class RenderApi:
     def process(self, processor: Any, request: openai_chat.RenderRequest) -> Rendered:
         return render(processor, request, self.facts, self.model, self.limits)
 
-    def encode(self, rendered: Rendered) -> bytes:
+    def encode(self, rendered: Rendered) -> pipeline.AnswerBody:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
         request_id = prefix + (self.request_id or rendered.request.request_id or uuid.uuid4().hex)
         body, blobs = generate_request(rendered, self.model, request_id)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class Served:
     """An answer's bytes and how long decoding its request took (for the decode histogram)."""
 
-    payload: bytes
+    payload: pipeline.AnswerBody
     decode_seconds: float
 
 

@@ -34,6 +34,28 @@ OutputT = TypeVar("OutputT")
 
 
 @dataclasses.dataclass(frozen=True)
+class Pieces:
+    """An answer as consecutive byte strings, sent one after the other.
+
+    A render answer is megabytes of base64 between a few kilobytes of JSON; joining them into one
+    bytes object would copy the megabytes once more (with the GIL held) only to send them.
+    """
+
+    parts: tuple[bytes, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def joined(self) -> bytes:
+        return b"".join(self.parts)
+
+
+#: What an API's encode stage answers: the bytes, or the bytes in pieces.
+AnswerBody = bytes | Pieces
+
+
+@dataclasses.dataclass(frozen=True)
 class PreprocessRequest:
     text: str
     images: tuple[Any, ...] = ()
@@ -210,7 +232,7 @@ class Api(Protocol[RequestT, OutputT]):
 
     def process(self, processor: Any, request: RequestT) -> OutputT: ...
 
-    def encode(self, outputs: OutputT) -> bytes: ...
+    def encode(self, outputs: OutputT) -> AnswerBody: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,3 +75,19 @@ def test_mm_hashes_depend_on_the_bytes_the_model_and_the_conversion():
         )
         == 4
     )
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2])
+@pytest.mark.parametrize("key", ["x", "pixel_values"])
+def test_the_base64_pieces_join_to_the_message_whatever_the_alignment(extra, key):
+    # The key's length moves where the tensor starts within the message (its offset mod 3), and
+    # ``extra`` its length mod 3: every combination must encode to the whole message's base64.
+    pixels = torch.arange(6000 + extra, dtype=torch.int32).remainder(251).to(torch.uint8)
+    item = {
+        key: vllm_format.KwargsElement(pixels, vllm_format.FlatField(((0, 6000 + extra),))),
+        "image_grid_thw": vllm_format.KwargsElement(torch.tensor([1, 2, 3]), vllm_format.BatchedField(keep_on_cpu=True)),
+    }
+    pieces = vllm_format.kwargs_item_base64_pieces(item)
+    assert len(pieces) >= 3, "the tensor is encoded on its own, between its neighbours"
+    assert all(b"=" not in piece for piece in pieces[:-1]), "only the last piece may be padded"
+    assert b"".join(pieces) == base64.b64encode(_reference(item))
