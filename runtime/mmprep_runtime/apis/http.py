@@ -26,7 +26,7 @@ JSON_TYPE: Final = "application/json"
 class Answer:
     """A handler's response, with the seconds its request spent decoding (for the histogram)."""
 
-    response: web.Response
+    response: web.StreamResponse
     decode_seconds: float
 
 

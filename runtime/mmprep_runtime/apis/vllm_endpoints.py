@@ -55,7 +55,7 @@ _FORWARDED_HEADERS: Final = ("X-Request-Id", "Content-Type")
 async def render_general(request: web.Request, body: bytes, general: vllm_general.GeneralRenderer) -> Answer:
     """vLLM's own answer, from one of the general path's processes (``vllm_general``)."""
     headers = {name: value for name in _FORWARDED_HEADERS if (value := request.headers.get(name)) is not None}
-    return Answer(await general.render(request.path, body, headers), 0.0)
+    return Answer(await general.render(request, body, headers), 0.0)
 
 
 def model_list(model: vllm_model.ModelFacts, started: int) -> dict[str, Any]:

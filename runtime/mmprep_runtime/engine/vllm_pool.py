@@ -1,7 +1,8 @@
 """The general render path's worker processes: start, watch, lease, stop (``VllmWorkerPool``).
 
-Each worker is ``vllm_worker``: vLLM's own render server on a Unix socket, one per process. The
-pool starts them side by side, is ready once every one answers ``/health``, leases the one with
+Each worker is ``vllm_worker``: vLLM's own render server on a Unix socket, one per process, with a
+second socket that takes requests handed over with their client's connection (``vllm_handoff``).
+The pool starts them side by side, is ready once every one answers ``/health``, leases the one with
 the fewest requests in flight to each request (``lease``), restarts a worker that dies (its
 in-flight requests fail with a 5xx; the others keep serving), and stops them all on close.
 
@@ -75,10 +76,19 @@ def _healthy(path: str) -> bool:
         connection.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A leased process's sockets: its HTTP server, and the one that takes handed-over requests."""
+
+    http: str
+    handoff: str
+
+
 @dataclasses.dataclass
 class _Worker:
     index: int
     socket_path: str
+    handoff_path: str
     log_path: str
     process: subprocess.Popen[bytes] | None = None
     ready: bool = False
@@ -105,7 +115,7 @@ def _socket_dir(processes: int) -> str:
     path fits there, else in the first of /tmp and /dev/shm where it fits. A temp folder can sit
     deep (an emptyDir mounted under a long path), and a socket path over the limit fails vLLM's
     server at bind time with nothing but "AF_UNIX path too long"."""
-    socket = f"w{processes - 1}.sock"
+    socket = f"w{processes - 1}.handoff.sock"  # the longer of a worker's two sockets
     for base in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):
         if len(os.path.join(base, "mmprep-vllm-xxxxxxxx", socket)) <= _MAX_SOCKET_PATH and os.access(base, os.W_OK):
             return tempfile.mkdtemp(prefix="mmprep-vllm-", dir=base)
@@ -140,7 +150,13 @@ class VllmWorkerPool:
         self._env = dict(os.environ if env is None else env)
         self._dir = _socket_dir(processes)
         self._workers = [
-            _Worker(i, os.path.join(self._dir, f"w{i}.sock"), os.path.join(self._dir, f"w{i}.log")) for i in range(processes)
+            _Worker(
+                i,
+                os.path.join(self._dir, f"w{i}.sock"),
+                os.path.join(self._dir, f"w{i}.handoff.sock"),
+                os.path.join(self._dir, f"w{i}.log"),
+            )
+            for i in range(processes)
         ]
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -155,6 +171,8 @@ class VllmWorkerPool:
             "mmprep_runtime.engine.vllm_worker",
             "--socket",
             worker.socket_path,
+            "--handoff",
+            worker.handoff_path,
             "--",
             self.model,
             *self.vllm_args,
@@ -238,8 +256,8 @@ class VllmWorkerPool:
     # ---- leasing ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self) -> Iterator[str]:
-        """The socket of the ready worker with the fewest requests in flight, held while in use."""
+    def lease(self) -> Iterator[Endpoint]:
+        """The sockets of the ready worker with the fewest requests in flight, held while in use."""
         with self._lock:
             ready = [w for w in self._workers if w.ready]
             if not ready:
@@ -249,7 +267,7 @@ class VllmWorkerPool:
             if worker.in_flight == 1:
                 worker.busy_since = time.monotonic()
         try:
-            yield worker.socket_path
+            yield Endpoint(worker.socket_path, worker.handoff_path)
         finally:
             with self._lock:
                 worker.in_flight -= 1

@@ -35,7 +35,7 @@ async def _preprocess(request: web.Request, state: ServerState, engine: engine_m
     return await preprocess.preprocess(request, engine, state.settings.limits)
 
 
-async def handle_preprocess(request: web.Request) -> web.Response:
+async def handle_preprocess(request: web.Request) -> web.StreamResponse:
     return await admitted(request, _preprocess, preprocess.error_response)
 
 
@@ -63,11 +63,11 @@ async def _render_completion(request: web.Request, state: ServerState, engine: e
     return await _render(request, state, engine, chat=False)
 
 
-async def handle_render_chat(request: web.Request) -> web.Response:
+async def handle_render_chat(request: web.Request) -> web.StreamResponse:
     return await admitted(request, _render_chat, vllm_endpoints.error_response)
 
 
-async def handle_render_completion(request: web.Request) -> web.Response:
+async def handle_render_completion(request: web.Request) -> web.StreamResponse:
     return await admitted(request, _render_completion, vllm_endpoints.error_response)
 
 

@@ -25,7 +25,7 @@ Handler = Callable[[web.Request, ServerState, core.Engine], Awaitable[Answer]]
 ErrorRenderer = Callable[[errors.RequestError], web.Response]
 
 
-async def admitted(request: web.Request, handler: Handler, render_error: ErrorRenderer) -> web.Response:
+async def admitted(request: web.Request, handler: Handler, render_error: ErrorRenderer) -> web.StreamResponse:
     """Readiness, admission, deadline, metrics and error mapping around one API handler."""
     state = request.app[STATE]
     arrived = time.perf_counter()

@@ -141,6 +141,21 @@ def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
         asyncio.run(vllm_general.prepare(body, _FakeFetcher({})))
 
 
+def test_a_url_spelled_with_json_escapes_is_fetched_here_too() -> None:
+    # vLLM reads "\u0068ttp" as "http": a URL hidden that way must meet mmprep's rules all the same.
+    body = _chat({"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}})
+    escaped = body.replace(b'"http://', b'"\\u0068ttp\\u003a//')
+    assert b"http" not in escaped and json.loads(escaped) == json.loads(body)
+    with pytest.raises(errors.RequestError, match="not a public address"):
+        asyncio.run(vllm_general.prepare(escaped, _FakeFetcher({})))
+    fetcher = _FakeFetcher({"https://example.com/a.jpg": b"JPEG"})
+    public = _chat({"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}).replace(b'"https', b'"\\u0068ttps')
+    out = json.loads(asyncio.run(vllm_general.prepare(public, fetcher)))
+    assert out["messages"][0]["content"][0]["image_url"]["url"].startswith("data:") and fetcher.fetched == [
+        "https://example.com/a.jpg"
+    ]
+
+
 def _audio_body(*parts: dict[str, Any]) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "?"}]}]}).encode()
 
