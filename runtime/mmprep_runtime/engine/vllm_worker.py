@@ -11,7 +11,8 @@ installed vLLM's code: the general path is correct by construction and follows v
 With ``--handoff``, the same app also takes requests handed over with their client's connection
 (``vllm_handoff``): it is called in this process as uvicorn would call it, and its answer's body is
 written straight into the client's socket. The HTTP socket stays for health checks and the
-calibration's load.
+calibration's load. Either way the answer is written as vLLM writes it, with its megabytes of
+base64 spliced in rather than passed through a JSON encoder (``vllm_answer_splice``).
 
 Why processes and not threads: vLLM runs a model's multimodal processing on one thread fixed in
 its code, and that processing holds the GIL for most of its time (``vllm_pool`` measures the
@@ -33,7 +34,7 @@ import socket
 import sys
 from typing import Any
 
-from mmprep_runtime.engine import vllm_handoff
+from mmprep_runtime.engine import vllm_answer_splice, vllm_handoff
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ async def _build_app(args: argparse.Namespace) -> Any:
     )
     app = build_app(args, ("render",))
     await init_render_app_state(vllm_config, app.state, args)
+    vllm_answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
     return app
 
 
