@@ -36,7 +36,8 @@ async def render_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         raise RuntimeError("the processor raised")
     status, answer = (200, ANSWER) if body != b"bad" else (400, b'{"error":{"message":"bad","code":400}}')
     asked = json.dumps({"path": scope["path"], "request_id": dict(scope["headers"]).get(b"x-request-id", b"").decode()})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode()), (b"x-asked", asked.encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    headers.append((b"x-asked", asked.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": answer})
 
@@ -109,7 +110,8 @@ async def test_the_process_writes_the_body_and_the_connection_carries_the_next_r
                 assert await response.read() == ANSWER
                 assert response.headers["Content-Length"] == str(len(ANSWER))
                 assert response.headers["Content-Type"] == "application/json"
-                assert json.loads(response.headers["X-Asked"]) == {"path": "/v1/chat/completions/render", "request_id": f"r{number}"}
+                asked = json.loads(response.headers["X-Asked"])
+                assert asked == {"path": "/v1/chat/completions/render", "request_id": f"r{number}"}
         async with client.post(url, data=b"bad") as response:
             assert response.status == 400 and (await response.json())["error"]["message"] == "bad"
         connector = client.connector
@@ -129,8 +131,8 @@ async def test_a_process_that_refuses_is_skipped_for_the_next(tmp_path) -> None:
     dead, live = str(tmp_path / "w0.handoff.sock"), str(tmp_path / "w1.handoff.sock")
     pool = FakePool([dead, live])
     async with render_process(live), front(pool) as url, aiohttp.ClientSession() as client:
-        async with client.post(url, data=b"{}") as response:
-            assert response.status == 200 and await response.read() == ANSWER
+        response = await client.post(url, data=b"{}")
+        assert response.status == 200 and await response.read() == ANSWER
     assert pool.lost_paths == [dead]
 
 
@@ -148,10 +150,9 @@ async def test_a_process_that_dies_holding_the_request_is_a_retryable_503(tmp_pa
         conversation.close()  # as a process killed mid-request: no answer, the conversation ends
 
     dying = asyncio.create_task(die_after_the_request())
-    async with front(pool) as url, aiohttp.ClientSession() as client:
-        async with client.post(url, data=b"{}") as response:
-            assert response.status == 503, await response.text()
-            assert "render process stopped" in (await response.json())["error"]
+    async with front(pool) as url, aiohttp.ClientSession() as client, client.post(url, data=b"{}") as response:
+        assert response.status == 503, await response.text()
+        assert "render process stopped" in (await response.json())["error"]
     await dying
     listener.close()
     assert pool.lost_paths == [path]
