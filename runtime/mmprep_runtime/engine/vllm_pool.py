@@ -84,11 +84,15 @@ class Endpoint:
     handoff: str
 
 
+def _endpoint(directory: str, index: int) -> Endpoint:
+    """Where process ``index`` listens, in the pool's folder."""
+    return Endpoint(os.path.join(directory, f"w{index}.sock"), os.path.join(directory, f"w{index}.handoff.sock"))
+
+
 @dataclasses.dataclass
 class _Worker:
     index: int
-    socket_path: str
-    handoff_path: str
+    endpoint: Endpoint
     log_path: str
     process: subprocess.Popen[bytes] | None = None
     ready: bool = False
@@ -115,9 +119,12 @@ def _socket_dir(processes: int) -> str:
     path fits there, else in the first of /tmp and /dev/shm where it fits. A temp folder can sit
     deep (an emptyDir mounted under a long path), and a socket path over the limit fails vLLM's
     server at bind time with nothing but "AF_UNIX path too long"."""
-    socket = f"w{processes - 1}.handoff.sock"  # the longer of a worker's two sockets
     for base in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):
-        if len(os.path.join(base, "mmprep-vllm-xxxxxxxx", socket)) <= _MAX_SOCKET_PATH and os.access(base, os.W_OK):
+        # The last process's sockets are the longest (mkdtemp's folder name has 8 random characters).
+        longest = max(
+            len(path) for path in dataclasses.astuple(_endpoint(os.path.join(base, "mmprep-vllm-xxxxxxxx"), processes - 1))
+        )
+        if longest <= _MAX_SOCKET_PATH and os.access(base, os.W_OK):
             return tempfile.mkdtemp(prefix="mmprep-vllm-", dir=base)
     raise GeneralPathUnavailable(
         f"no writable folder is short enough for the render processes' sockets (at most {_MAX_SOCKET_PATH} bytes); "
@@ -149,15 +156,7 @@ class VllmWorkerPool:
         self.version = vllm_version()
         self._env = dict(os.environ if env is None else env)
         self._dir = _socket_dir(processes)
-        self._workers = [
-            _Worker(
-                i,
-                os.path.join(self._dir, f"w{i}.sock"),
-                os.path.join(self._dir, f"w{i}.handoff.sock"),
-                os.path.join(self._dir, f"w{i}.log"),
-            )
-            for i in range(processes)
-        ]
+        self._workers = [_Worker(i, _endpoint(self._dir, i), os.path.join(self._dir, f"w{i}.log")) for i in range(processes)]
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -170,9 +169,9 @@ class VllmWorkerPool:
             "-m",
             "mmprep_runtime.engine.vllm_worker",
             "--socket",
-            worker.socket_path,
+            worker.endpoint.http,
             "--handoff",
-            worker.handoff_path,
+            worker.endpoint.handoff,
             "--",
             self.model,
             *self.vllm_args,
@@ -201,7 +200,7 @@ class VllmWorkerPool:
                         f"vLLM {self.version}'s render server exited with {worker.process.returncode} while starting "
                         f"on {self.model}:\n{tail}"
                     )
-                if _healthy(worker.socket_path):
+                if _healthy(worker.endpoint.http):
                     worker.ready = True
                     pending.remove(worker)
             if pending and time.monotonic() > deadline:
@@ -233,7 +232,7 @@ class VllmWorkerPool:
                         return
                     worker.restarts += 1
                     self._spawn(worker)
-                elif not worker.ready and _healthy(worker.socket_path):
+                elif not worker.ready and _healthy(worker.endpoint.http):
                     with self._lock:
                         worker.ready = True
                     logger.info("vLLM render process %d is back", worker.index)
@@ -267,7 +266,7 @@ class VllmWorkerPool:
             if worker.in_flight == 1:
                 worker.busy_since = time.monotonic()
         try:
-            yield Endpoint(worker.socket_path, worker.handoff_path)
+            yield worker.endpoint
         finally:
             with self._lock:
                 worker.in_flight -= 1
@@ -280,7 +279,7 @@ class VllmWorkerPool:
         answer again (or restarts it, when its process is gone)."""
         with self._lock:
             for worker in self._workers:
-                if worker.socket_path == socket_path:
+                if worker.endpoint.http == socket_path:
                     worker.ready = False
 
     # ---- what the server reports -----------------------------------------------------------
@@ -292,7 +291,7 @@ class VllmWorkerPool:
     @property
     def socket_paths(self) -> tuple[str, ...]:
         """Each process's socket, in process order (the calibration loads the first n directly)."""
-        return tuple(w.socket_path for w in self._workers)
+        return tuple(w.endpoint.http for w in self._workers)
 
     @property
     def busy(self) -> int:

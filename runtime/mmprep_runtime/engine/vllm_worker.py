@@ -163,9 +163,14 @@ async def _take_handoff(app: Any, conversation: socket.socket) -> None:
         conversation.close()
 
 
-def _listen(path: str) -> socket.socket:
+def _remove_stale(path: str) -> None:
+    """A socket left at ``path`` by a worker that died: this one replaces it."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # left by a worker that died: this one replaces it
+        os.unlink(path)
+
+
+def _listen(path: str) -> socket.socket:
+    _remove_stale(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(128)
@@ -188,8 +193,7 @@ async def _serve(socket_path: str, handoff_path: str | None, args: argparse.Name
     import uvicorn
 
     app = await _build_app(args)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)  # a socket left by a worker that died: this one replaces it
+    _remove_stale(socket_path)
     config = uvicorn.Config(app, uds=socket_path, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     # The handoff socket listens before the HTTP one answers /health: ready means both are.
