@@ -12,8 +12,11 @@ What mmprep adds in front of vLLM, and nothing else:
   redirect checked, a size cap and timeouts: ``fetching.Fetcher``), and handed to vLLM inline as
   base64 data URIs. vLLM decodes a URL's bytes and a data URI's bytes the same way, so the answer
   does not change, but vLLM never reaches the network on a client's say-so;
-- an inline audio clip that no decoder can open is refused with a 400 naming it (vLLM would
-  answer 500, a server error for a client's bad file); every other clip reaches vLLM untouched;
+- when vLLM answers a request with inline audio with a server error, and a clip of it is one no
+  decoder can open, the answer is a 400 naming the clip instead (vLLM 0.33 answers 500, a server
+  error that tells a client to retry its bad file). Clips are looked at only then: opening one
+  costs about a millisecond, a tenth of what an audio request costs the front, and a clip vLLM
+  renders needs no second opinion;
 - the request is leased to the process with the fewest requests in flight;
 - a process that cannot be connected to is skipped (the request goes to the next one); one that
   dies mid-request gives a retryable 503; the pool restarts either.
@@ -92,9 +95,8 @@ def _audio_clips(body: Any) -> Iterator[tuple[str, str]]:
 
 
 def check_audio(body: Any) -> None:
-    """Refuse, with a 400 naming it, an audio clip no decoder can open. vLLM 0.33 answers such a
-    clip with a 500 (its decoder's error escapes as a server error), which tells a client to retry
-    what can never succeed; every decodable clip goes to vLLM untouched."""
+    """Raise a 400 naming the first audio clip of ``body`` no decoder can open; called once vLLM
+    answered the request with a server error, which is how vLLM 0.33 answers such a clip."""
     for data, where in _audio_clips(body):
         try:
             clip = base64.b64decode(data, validate=True)
@@ -115,10 +117,10 @@ async def inline_media_urls(body: Any, fetcher: fetching.Fetcher) -> bool:
     return bool(targets)
 
 
-async def prepare(body: bytes, fetcher: fetching.Fetcher) -> bytes:
-    """The body vLLM gets: media URLs fetched here and inlined, inline audio checked (fetched clips
-    included). ``body`` itself, byte for byte, when nothing changed or it is not JSON (vLLM answers
-    that).
+async def prepare(body: bytes, fetcher: fetching.Fetcher) -> tuple[bytes, Any]:
+    """The body vLLM gets, media URLs fetched here and inlined, and the parsed body (None when it
+    is not JSON: vLLM answers that). The body is ``body`` itself, byte for byte, when nothing
+    changed.
 
     Always parsed, never screened by searching the bytes: JSON may spell any character of a URL
     as an escape (``"\\u0068ttp://10.0.0.1/"``), which a search for ``http`` misses and vLLM would
@@ -128,10 +130,15 @@ async def prepare(body: bytes, fetcher: fetching.Fetcher) -> bytes:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return body
+        return body, None
     changed = await inline_media_urls(parsed, fetcher)
-    check_audio(parsed)
-    return orjson.dumps(parsed) if changed else body
+    return (orjson.dumps(parsed) if changed else body), parsed
+
+
+def check_server_error(status: int, parsed: Any) -> None:
+    """Before a server error from vLLM is passed on: a 400 instead when a clip is the cause."""
+    if status >= 500:
+        check_audio(parsed)
 
 
 class _Refused(ConnectionError):
@@ -211,7 +218,7 @@ class GeneralRenderer:
         return session
 
     async def render(self, request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
-        body = await prepare(body, self.fetcher)
+        body, parsed = await prepare(body, self.fetcher)
         client = _client_socket(request)
         # A process that cannot be connected to got nothing: the request goes to the next one.
         for _ in range(self.pool.processes):
@@ -220,8 +227,8 @@ class GeneralRenderer:
                 with self.pool.lease() as endpoint:
                     try:
                         if client is not None:
-                            return await self._hand_over(endpoint.handoff, request, client, body, headers)
-                        return await self._forward(endpoint.http, request.path, body, headers)
+                            return await self._hand_over(endpoint.handoff, request, client, body, headers, parsed)
+                        return await self._forward(endpoint.http, request.path, body, headers, parsed)
                     except (aiohttp.ClientConnectorError, _Refused):
                         self.pool.lost(endpoint.http)
                     except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
@@ -237,9 +244,11 @@ class GeneralRenderer:
         raise errors.NotReady("not ready: no render process accepts connections; they are restarting")
 
     async def _hand_over(
-        self, path: str, request: web.Request, client: Any, body: bytes, headers: dict[str, str]
+        self, path: str, request: web.Request, client: Any, body: bytes, headers: dict[str, str], parsed: Any
     ) -> web.StreamResponse:
-        """The request and its client's socket to the process on ``path``; its answer's head back."""
+        """The request and its client's socket to the process on ``path``; its answer's head back.
+        An answer replaced here (``check_server_error``) is dropped: the conversation closes
+        without GO, and the process writes nothing to the client."""
         loop = asyncio.get_running_loop()
         conversation = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conversation.setblocking(False)
@@ -252,13 +261,15 @@ class GeneralRenderer:
             await vllm_handoff.send_with_socket(conversation, vllm_handoff.frame(message), client.fileno())
             await loop.sock_sendall(conversation, body)
             answer, _ = await vllm_handoff.read_frame(conversation)
+            check_server_error(int(answer["status"]), parsed)
             return HandedOverAnswer(conversation, answer)
         except BaseException:
             conversation.close()
             raise
 
-    async def _forward(self, socket_path: str, path: str, body: bytes, headers: dict[str, str]) -> web.Response:
+    async def _forward(self, socket_path: str, path: str, body: bytes, headers: dict[str, str], parsed: Any) -> web.Response:
         async with self._session(socket_path).post(f"http://localhost{path}", data=body, headers=headers) as answer:
+            check_server_error(answer.status, parsed)
             payload = await answer.read()
             return web.Response(status=answer.status, body=payload, content_type=answer.content_type, charset=answer.charset)
 

@@ -119,7 +119,7 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
         {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
     )
-    out = json.loads(asyncio.run(vllm_general.prepare(body, fetcher)))
+    out = json.loads(asyncio.run(vllm_general.prepare(body, fetcher))[0])
     urls = [p[p["type"]]["url"] for p in out["messages"][0]["content"] if p["type"] != "text"]
     assert urls == [
         "data:application/octet-stream;base64," + base64.b64encode(b"JPEG").decode(),
@@ -131,8 +131,9 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
 
 def test_a_body_without_urls_goes_on_byte_for_byte() -> None:
     body = _chat({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
-    assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
-    assert asyncio.run(vllm_general.prepare(b"{not json http", _FakeFetcher({}))) == b"{not json http"
+    sent, parsed = asyncio.run(vllm_general.prepare(body, _FakeFetcher({})))
+    assert sent is body and parsed == json.loads(body)
+    assert asyncio.run(vllm_general.prepare(b"{not json http", _FakeFetcher({}))) == (b"{not json http", None)
 
 
 def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
@@ -150,7 +151,7 @@ def test_a_url_spelled_with_json_escapes_is_fetched_here_too() -> None:
         asyncio.run(vllm_general.prepare(escaped, _FakeFetcher({})))
     fetcher = _FakeFetcher({"https://example.com/a.jpg": b"JPEG"})
     public = _chat({"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}).replace(b'"https', b'"\\u0068ttps')
-    out = json.loads(asyncio.run(vllm_general.prepare(public, fetcher)))
+    out = json.loads(asyncio.run(vllm_general.prepare(public, fetcher))[0])
     assert out["messages"][0]["content"][0]["image_url"]["url"].startswith("data:") and fetcher.fetched == [
         "https://example.com/a.jpg"
     ]
@@ -160,7 +161,13 @@ def _audio_body(*parts: dict[str, Any]) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "?"}]}]}).encode()
 
 
-def test_inline_audio_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pytest.MonkeyPatch) -> None:
+def _after_vllm(status: int, body: bytes, fetcher: Any = None) -> None:
+    """What the front does with vLLM's answer ``status`` to ``body``: returns when it passes on."""
+    _, parsed = asyncio.run(vllm_general.prepare(body, fetcher or _FakeFetcher({})))
+    vllm_general.check_server_error(status, parsed)
+
+
+def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pytest.MonkeyPatch) -> None:
     # The decoders are vLLM's (its virtualenv has them; this one does not): stand-ins here, the real
     # ones in tests/compat. Each clip reaches the check decoded from base64.
     seen: list[bytes] = []
@@ -172,10 +179,13 @@ def test_inline_audio_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pyt
     monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", problem)
     good = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF ok").decode(), "format": "wav"}}
     bad_url = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + base64.b64encode(b"BAD").decode()}}
-    body = _audio_body(good)
-    assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
+    # An answer vLLM rendered needs no second opinion: no clip is opened.
+    for status in (200, 400, 499):
+        _after_vllm(status, _audio_body(good, bad_url))
+    assert seen == []
+    _after_vllm(500, _audio_body(good))  # every clip opens: vLLM's 500 stands
     with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[1\]\.audio_url: the audio cannot be decoded: No 'data'"):
-        asyncio.run(vllm_general.prepare(_audio_body(good, bad_url), _FakeFetcher({})))
+        _after_vllm(500, _audio_body(good, bad_url))
     assert seen == [b"RIFF ok", b"RIFF ok", b"BAD"]
 
 
@@ -184,7 +194,7 @@ def test_a_fetched_audio_url_is_checked_once_inlined(monkeypatch: pytest.MonkeyP
     fetcher = _FakeFetcher({"https://example.com/a.wav": b"BAD"})
     body = _audio_body({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}})
     with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[0\]\.audio_url: the audio cannot be decoded: truncated"):
-        asyncio.run(vllm_general.prepare(body, fetcher))
+        _after_vllm(503, body, fetcher)
     assert fetcher.fetched == ["https://example.com/a.wav"]
 
 
@@ -197,7 +207,7 @@ def test_audio_the_check_cannot_read_is_left_to_vllm(monkeypatch: pytest.MonkeyP
         _audio_body({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
         b"{not json input_audio",
     ):
-        assert asyncio.run(vllm_general.prepare(body, _FakeFetcher({}))) is body
+        _after_vllm(500, body)
 
 
 def test_without_an_audio_decoder_installed_nothing_is_refused() -> None:

@@ -10,6 +10,7 @@ mmprep's ``GeneralRenderer`` in a real aiohttp server, the client a real HTTP cl
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -32,7 +33,7 @@ async def render_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers like vLLM's render app: JSON, its length, and what it was asked (in a header)."""
     request = await receive()
     body = request["body"]
-    if body == b"raise":
+    if b"raise" in body:
         raise RuntimeError("the processor raised")
     status, answer = (200, ANSWER) if body != b"bad" else (400, b'{"error":{"message":"bad","code":400}}')
     asked = json.dumps({"path": scope["path"], "request_id": dict(scope["headers"]).get(b"x-request-id", b"").decode()})
@@ -125,6 +126,31 @@ async def test_an_app_that_raises_is_a_500_and_the_process_serves_on(tmp_path) -
             assert response.status == 500 and await response.read() == b"Internal Server Error"
         async with client.post(url, data=b"{}") as response:
             assert response.status == 200 and await response.read() == ANSWER
+
+
+async def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_and_the_connection_serves_on(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM 0.33 answers a clip it cannot decode with a 500: the front replaces it before GO, so the
+    # process's answer never reaches the client and the kept-alive connection stays in step.
+    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
+
+    def clip_body(clip: bytes) -> bytes:
+        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}}
+        return json.dumps({"raise": True, "messages": [{"role": "user", "content": [part]}]}).encode()
+
+    path = str(tmp_path / "w0.handoff.sock")
+    async with render_process(path), front(FakePool([path])) as url, aiohttp.ClientSession() as client:
+        async with client.post(url, data=clip_body(b"BAD")) as response:
+            assert response.status == 400, await response.text()
+            refused = (await response.json())["error"]
+            assert refused == "messages[0].content[0].input_audio: the audio cannot be decoded: truncated"
+        async with client.post(url, data=clip_body(b"RIFF")) as response:  # it opens: vLLM's 500 stands
+            assert response.status == 500 and await response.read() == b"Internal Server Error"
+        async with client.post(url, data=b"{}") as response:
+            assert response.status == 200 and await response.read() == ANSWER
+        connector = client.connector
+        assert connector is not None and sum(len(c) for c in connector._conns.values()) == 1  # type: ignore[attr-defined]
 
 
 async def test_a_process_that_refuses_is_skipped_for_the_next(tmp_path) -> None:
