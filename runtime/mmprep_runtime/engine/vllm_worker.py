@@ -34,7 +34,7 @@ import socket
 import sys
 from typing import Any
 
-from mmprep_runtime.engine import vllm_answer_splice, vllm_handoff
+from mmprep_runtime.engine import vllm_answer_splice, vllm_audio_backends, vllm_handoff
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ async def _build_app(args: argparse.Namespace) -> Any:
     app = build_app(args, ("render",))
     await init_render_app_state(vllm_config, app.state, args)
     vllm_answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
+    vllm_audio_backends.install()  # the same audio decoding, without a failed torchcodec load per clip
     return app
 
 
