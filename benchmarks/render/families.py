@@ -8,10 +8,13 @@ same folder on the same cores (the whole machine, nothing pinned) and get the sa
 - mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
   the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
   every other family (the general path).
-Per family also: the share of the processing that holds the GIL, and the throughput it predicts at
-16 and 64 cores for threads in one process and for one process per core (``gil_share``). Before
-loading, one answer of each is judged equal by vLLM's own checker (``tests/support/
-vllm_check.py``). ``wrk`` loads one server at a time, every server once per round, the order
+An audio family also gets a third server, vLLM's with torchcodec hidden (``hidden_torchcodec``), to
+tell what mmprep gains from decoding without torchcodec's failed per-clip load (its render
+processes try torchcodec once) from what it gains otherwise. Per family also: the share of the
+processing that holds the GIL, and the throughput it predicts at 16 and 64 cores for threads in one
+process and for one process per core (``gil_share``). Before loading, one answer of each is judged
+equal by vLLM's own checker (``tests/support/vllm_check.py``).
+``wrk`` loads one server at a time, every server once per round, the order
 alternating between rounds, so the machine's background load hits all of them alike. Per server:
 req/s, p50/p99, server CPU ms per request (the process tree), answer bytes.
 
@@ -95,6 +98,8 @@ def gil_share(folder: pathlib.Path, venv: pathlib.Path, work: pathlib.Path, seco
     }
 
 
+#: The name of the third server an audio family is measured against.
+VLLM_NO_TORCHCODEC = "vLLM render, torchcodec hidden"
 #: An audio family's request: one clip of this many seconds (a spoken question is a few to tens).
 AUDIO_SECONDS = 10.0
 
@@ -106,6 +111,17 @@ def request_body(kind: str) -> bytes:
     clip = base64.b64encode(testing_media.wav(AUDIO_SECONDS)).decode()
     content = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}, {"type": "text", "text": "What is said?"}]
     return json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 64}).encode()
+
+
+def hidden_torchcodec(work: pathlib.Path) -> pathlib.Path:
+    """A folder that, first on a Python path, makes ``import torchcodec`` fail: vLLM then records
+    torchcodec as unavailable once and decodes audio with soundfile from the first clip, as mmprep's
+    render processes do, instead of retrying torchcodec's failed library load on every clip (where
+    FFmpeg's shared libraries are missing, as here)."""
+    package = work / "no-torchcodec" / "torchcodec"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text('raise ImportError("torchcodec is hidden for this benchmark")\n')
+    return package.parent
 
 
 def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
@@ -123,13 +139,24 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
         _BENCH.Server("vLLM render", vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"{kind}-vllm.log"),
         _BENCH.Server("mmprep", mmprep_cmd, mmprep_env, "/health", body_file, lua, 4, work / f"{kind}-mmprep.log"),
     ]
+    if testing_families.FAMILIES[kind].chat.audio:
+        # The same vLLM without the per-clip torchcodec retry: what mmprep gains besides skipping it.
+        hidden_env = {**vllm_render_env(), "PYTHONPATH": str(hidden_torchcodec(work))}
+        hidden_cmd = vllm_render_command(venv, folder, free_port(), normalized=False)
+        log = work / f"{kind}-vllm-hidden.log"
+        servers.append(_BENCH.Server(VLLM_NO_TORCHCODEC, hidden_cmd, hidden_env, "/health", body_file, lua, 4, log))
     try:
         for server in servers:
             server.wait()
-        vllm, mmprep = servers
+        vllm, mmprep = servers[:2]
         theirs, ours = _BENCH.post(vllm.base, body), _BENCH.post(mmprep.base, body)
         vllm.answer_bytes, mmprep.answer_bytes = len(theirs), len(ours)
         equal = _checked_equal(venv, ours, theirs, work)
+        for other in servers[2:]:  # the same vLLM decoding with another backend order: the same answer
+            answer = _BENCH.post(other.base, body)
+            other.answer_bytes = len(answer)
+            also = _checked_equal(venv, answer, theirs, work)
+            equal = {"ok": equal["ok"] and also["ok"], "problems": [*equal["problems"], *also["problems"]]}
         with urllib.request.urlopen(mmprep.base + "/v1/info", timeout=10) as response:
             render = json.loads(response.read())["vllm_render"]
         for server in servers:
@@ -142,15 +169,24 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
         for server in servers:
             server.stop()
     a, b = mmprep.summary(), vllm.summary()
+    extra = [server.summary() for server in servers[2:]]
     return {
         "gil": gil_share(folder, venv, work, args.gil_seconds),
         "path": render["path"],
         "processes": (render.get("general") or {}).get("processes"),
         "equal": equal["ok"],
         "problems": equal["problems"],
-        "servers": [b, a],
+        "servers": [b, a, *extra],
         "throughput_ratio": round(a["req_per_s"] / b["req_per_s"], 3),
         "cpu_ratio": round(a["cpu_ms_per_request"] / b["cpu_ms_per_request"], 3),
+        **(
+            {
+                "throughput_ratio_no_torchcodec": round(a["req_per_s"] / extra[0]["req_per_s"], 3),
+                "cpu_ratio_no_torchcodec": round(a["cpu_ms_per_request"] / extra[0]["cpu_ms_per_request"], 3),
+            }
+            if extra
+            else {}
+        ),
     }
 
 
@@ -188,6 +224,12 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {kind}: {load}" for kind, load in loads.items()]
     lines += ["", "| family | mmprep / vLLM req/s | mmprep / vLLM CPU per request |", "|---|---|---|"]
     lines += [f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x |" for k, r in report["families"].items()]
+    lines += [
+        f"| {k}, against {VLLM_NO_TORCHCODEC} "
+        f"| {r['throughput_ratio_no_torchcodec']:.2f}x | {r['cpu_ratio_no_torchcodec']:.2f}x |"
+        for k, r in report["families"].items()
+        if "throughput_ratio_no_torchcodec" in r
+    ]
     lines += [
         "",
         "The processing's GIL-held share (its HF processor from one thread to two in one process) and what it predicts:",
