@@ -6,7 +6,8 @@ runtime image and most Python-only installs: PyAV and soundfile bring their own)
 imports, and each decoder it builds tries to load its six FFmpeg-versioned libraries, fails, and
 formats a traceback for each. torchcodec does not remember the failure, by design, so vLLM pays it
 on every clip before falling back to soundfile: 13% of a render process's CPU on Qwen2-Audio with
-10 s clips (py-spy, 2 cores), about 3.5 ms per request.
+10 s clips (py-spy, 2 cores); vLLM's own render server spends about 8 ms more CPU per such request
+than the same server with torchcodec hidden (the render benchmark's third server).
 
 Each render process tries torchcodec once, at start, on a short silent WAV (``install``). When
 that fails for want of its libraries, the process records torchcodec as unavailable the way vLLM's
