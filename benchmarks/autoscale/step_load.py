@@ -32,7 +32,7 @@ from support.kind_bringup import KUBECONFIG, NAMESPACE  # noqa: E402 - after the
 from support.kind_load import LoadPod, start_load  # noqa: E402 - after the sys.path line
 from support.kube import Kube, condition_is  # noqa: E402 - after the sys.path line
 
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER  # noqa: E402 - after the sys.path line
+from mmprep_runtime.synthetic.models import QWEN_IMAGE_PLACEHOLDER  # noqa: E402 - after the sys.path line
 
 ELASTIC, FIXED = "step-elastic", "step-fixed"
 CPU_AFFINITY = {

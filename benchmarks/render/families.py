@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The render tier against vLLM's render server, per model family: one run, interleaved rounds.
 
-For each family ``make-model`` builds (``mmprep_runtime.testing_families``), both servers serve the
+For each family ``make-model`` builds (``mmprep_runtime.synthetic.families``), both servers serve the
 same folder on the same cores (the whole machine, nothing pinned) and get the same chat body (one
 1280x960 JPEG as a ``data:`` URI and a question; for an audio family, one 10 s WAV clip inline):
 - vLLM: ``vllm launch render --mm-processor-cache-gb 0`` (one process, its cache off);
@@ -36,8 +36,8 @@ import tempfile
 import urllib.request
 from typing import Any
 
-from mmprep_runtime import testing_families, testing_media, testing_models
 from mmprep_runtime.commands import measuring
+from mmprep_runtime.synthetic import families, media, models
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -106,9 +106,9 @@ AUDIO_SECONDS = 10.0
 
 def request_body(kind: str) -> bytes:
     """The chat body every server gets: one 1280x960 JPEG, or for an audio family one WAV clip."""
-    if not testing_families.FAMILIES[kind].chat.audio:
+    if not families.FAMILIES[kind].chat.audio:
         return measuring.request_body("vllm-render", (1280, 960), seed=1)
-    clip = base64.b64encode(testing_media.wav(AUDIO_SECONDS)).decode()
+    clip = base64.b64encode(media.wav(AUDIO_SECONDS)).decode()
     content = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}, {"type": "text", "text": "What is said?"}]
     return json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 64}).encode()
 
@@ -125,7 +125,7 @@ def hidden_torchcodec(work: pathlib.Path) -> pathlib.Path:
 
 
 def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
-    folder = testing_models.make_model(kind, work / kind)
+    folder = models.make_model(kind, work / kind)
     body_file, lua = work / f"{kind}.json", work / "post.lua"
     body = request_body(kind)
     body_file.write_bytes(body)
@@ -139,7 +139,7 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
         _BENCH.Server("vLLM render", vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"{kind}-vllm.log"),
         _BENCH.Server("mmprep", mmprep_cmd, mmprep_env, "/health", body_file, lua, 4, work / f"{kind}-mmprep.log"),
     ]
-    if testing_families.FAMILIES[kind].chat.audio:
+    if families.FAMILIES[kind].chat.audio:
         # The same vLLM without the per-clip torchcodec retry: what mmprep gains besides skipping it.
         hidden_env = {**vllm_render_env(), "PYTHONPATH": str(hidden_torchcodec(work))}
         hidden_cmd = vllm_render_command(venv, folder, free_port(), normalized=False)
@@ -249,7 +249,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", default=",".join(testing_families.FAMILIES))
+    parser.add_argument("--families", default=",".join(families.FAMILIES))
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per server per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=4.0)

@@ -37,9 +37,10 @@ from typing import Any
 import msgpack
 import psutil
 
-from mmprep_runtime import testing_models, versions
+from mmprep_runtime import versions
 from mmprep_runtime.commands import measuring
 from mmprep_runtime.settings import ModelSettings
+from mmprep_runtime.synthetic import models
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -248,13 +249,14 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
     one torch thread: where a request's cost goes."""
     import torch
 
-    from mmprep_runtime.apis import openai_chat, vllm_answer, vllm_format, vllm_model, vllm_render
+    from mmprep_runtime.backends import model_facts
+    from mmprep_runtime.backends.native import chat_request, generate_request, stages, wire_format
     from mmprep_runtime.engine import loading
     from mmprep_runtime.settings import Limits, RenderSettings
 
     torch.set_num_threads(1)
     processor, facts = loading.load_processor(ModelSettings(str(model)))
-    model_facts = vllm_model.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
+    model_facts = model_facts.model_facts(processor, facts, RenderSettings(normalized_pixels=normalized))
     limits = Limits()
     totals: dict[str, float] = {}
     count = 0
@@ -267,21 +269,23 @@ def stage_costs(model: pathlib.Path, body: bytes, normalized: bool, seconds: flo
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline or count < 5:
-        request = timed("parse body (JSON, base64)", lambda: openai_chat.parse_chat(body))
+        request = timed("parse body (JSON, base64)", lambda: chat_request.parse_chat(body))
         data = request.images[0].data
-        image, identity = timed("decode JPEG", lambda: vllm_render.decode_image(data, "image", limits, facts.image_layout))
-        text = timed("chat template", lambda: vllm_render._prompt_text(processor, request))
+        image, identity = timed("decode JPEG", lambda: stages.decode_image(data, "image", limits, facts.image_layout))
+        text = timed("chat template", lambda: stages._prompt_text(processor, request))
         outputs = timed(
             "processor (resize, patches, tokenize)",
-            lambda: vllm_render._process_tokenizing_once(processor, text, [image], model_facts),
+            lambda: stages._process_tokenizing_once(processor, text, [image], model_facts),
         )
         items = timed(
             "split into items",
-            lambda: vllm_render._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype),
+            lambda: stages._items(outputs, 1, None if model_facts.device_normalize else model_facts.dtype),
         )
-        timed("mm_hash (blake3)", lambda: vllm_format.mm_hash(model_facts.model_id, "image", identity, {}))
-        rendered = vllm_answer.Rendered(outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request)
-        api = vllm_render.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
+        timed("mm_hash (blake3)", lambda: wire_format.mm_hash(model_facts.model_id, "image", identity, {}))
+        rendered = generate_request.Rendered(
+            outputs["input_ids"][0].numpy(), ["0" * 64], [{"offset": 0, "length": 1}], items, request
+        )
+        api = stages.RenderApi(facts, model_facts, limits, None, chat=True)  # type: ignore[arg-type]
         timed("answer JSON (msgpack, base64, orjson)", lambda: api.encode(rendered))
         count += 1
     return {name: round(total * 1000 / count, 2) for name, total in totals.items()}
@@ -333,7 +337,7 @@ def main() -> int:
     venv, vllm_version = vllm_venv()
     modes = [m for m in args.modes.split(",") if m]
     work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-render-bench-"))
-    model = testing_models.make_model("qwen2-vl", work / "qwen2-vl")
+    model = models.make_model("qwen2-vl", work / "qwen2-vl")
     body_file = work / "body.json"
     body = chat_body()
     body_file.write_bytes(body)

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from mmprep_runtime import testing_models
+from mmprep_runtime.synthetic import models
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -208,7 +208,7 @@ def main() -> int:
         return 0
     venv, vllm_version = _BENCH.vllm_venv()
     work = pathlib.Path(tempfile.mkdtemp(prefix="mmprep-video-flood-"))
-    folder = testing_models.make_model("qwen3-vl", work / "qwen3-vl")
+    folder = models.make_model("qwen3-vl", work / "qwen3-vl")
     body = chat_body(encode_video(venv, work / "clip.mp4", args.video_seconds))
     mmprep = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
     mmprep += ["--host", "127.0.0.1", "--port", str(free_port()), "--log-level", "WARNING", "--render-path", "general"]

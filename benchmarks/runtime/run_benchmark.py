@@ -40,11 +40,12 @@ from typing import Any
 
 import psutil
 
-from mmprep_runtime import testing_media, testing_models, versions
+from mmprep_runtime import versions
 from mmprep_runtime.commands import bench, measuring
 from mmprep_runtime.engine import cpus, loading, memory, pipeline
 from mmprep_runtime.settings import Limits, ModelSettings
 from mmprep_runtime.sizing import Backend
+from mmprep_runtime.synthetic import media, models
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
@@ -79,9 +80,9 @@ def show_failure(url: str, body_file: pathlib.Path) -> str:
 
 
 def request_body() -> bytes:
-    image = testing_media.jpeg(*IMAGE_SIZE, seed=1)
+    image = media.jpeg(*IMAGE_SIZE, seed=1)
     payload = {
-        "text": f"Describe this picture in one sentence. {testing_models.QWEN_IMAGE_PLACEHOLDER}",
+        "text": f"Describe this picture in one sentence. {models.QWEN_IMAGE_PLACEHOLDER}",
         "images": [base64.b64encode(image).decode()],
     }
     return json.dumps(payload).encode()
@@ -505,7 +506,7 @@ def main() -> int:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-", dir=cache) as scratch:
         scratch_path = pathlib.Path(scratch)
-        model = testing_models.make_model("qwen2-vl", scratch_path / "qwen2-vl")
+        model = models.make_model("qwen2-vl", scratch_path / "qwen2-vl")
         body = request_body()
         body_file = scratch_path / "body.json"
         body_file.write_bytes(body)
@@ -531,7 +532,7 @@ def main() -> int:
         direct = report["in_process"]["direct"]
 
         # The same pool with transformers' own placeholder check, token-type ids and id tensors, for the
-        # difference the GIL-light stand-ins make (mmprep_runtime.engine.fast_paths).
+        # difference the GIL-light stand-ins make (mmprep_runtime.engine.stand_ins).
         print("in process, without the fast paths ...", file=sys.stderr)
         report["in_process_library_steps"] = bench.run(
             ModelSettings(str(model), backend=Backend.TORCHVISION, fast_paths=False),

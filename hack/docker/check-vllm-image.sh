@@ -69,7 +69,7 @@ PY
   healthy || { docker logs "$name" | tail -40 >&2; die "$kind: the server did not become healthy in 300 s"; }
   "$py" - "$port" "$kind" <<'PY'
 import base64, json, sys, urllib.request
-from mmprep_runtime import testing_media
+from mmprep_runtime.synthetic import media
 
 port, kind = sys.argv[1], sys.argv[2]
 base = f"http://127.0.0.1:{port}"
@@ -77,9 +77,9 @@ version = json.load(urllib.request.urlopen(base + "/version", timeout=30))
 info = json.load(urllib.request.urlopen(base + "/v1/info", timeout=30))["vllm_render"]
 assert info["path"] == "general" and info["general"]["ready_processes"] == 1, info
 if kind == "qwen2-audio":
-    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(testing_media.wav(1.0)).decode(), "format": "wav"}}
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(media.wav(1.0)).decode(), "format": "wav"}}
 else:
-    url = "data:image/jpeg;base64," + base64.b64encode(testing_media.jpeg(640, 480, seed=1)).decode()
+    url = "data:image/jpeg;base64," + base64.b64encode(media.jpeg(640, 480, seed=1)).decode()
     part = {"type": "image_url", "image_url": {"url": url}}
 body = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}]}
 request = urllib.request.Request(base + "/v1/chat/completions/render", json.dumps(body).encode(), {"Content-Type": "application/json"})

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mmprep_runtime import exits, sizing, testing_families, versions
+from mmprep_runtime import exits, sizing, versions
 
 EXIT_USAGE = exits.EXIT_USAGE
 
@@ -53,15 +53,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mmprep-runtime",
-        description="Clone-per-thread multimodal preprocessing server, with probe and bench.",
-    )
-    # The installed distribution's version: the one pyproject.toml states, nothing to keep in step.
-    parser.add_argument("--version", action="version", version=f"%(prog)s {versions.version_of('mmprep') or 'unknown'}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser("serve", help="serve POST /v1/preprocess over HTTP")
     _add_model_arguments(serve)
     serve.add_argument("--host", default="0.0.0.0")
@@ -158,10 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--termination-log", default=None, help="on a failed start, write the reason here (Kubernetes terminationMessagePath)"
     )
 
+
+def _add_probe(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     probe = commands.add_parser("probe", help="print what this processor is and whether it can be cloned")
     _add_model_arguments(probe)
     probe.add_argument("--termination-log", default=None, help="also write the JSON here (Kubernetes terminationMessagePath)")
 
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser("bench", help="throughput and latency by worker count")
     _add_model_arguments(bench)
     bench.add_argument("--workers", default="1,2,4", help="comma-separated worker counts to measure")
@@ -188,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", default=None, help="also write the JSON result to this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
+
+def _add_calibrate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     calibrate = commands.add_parser(
         "calibrate", help="measure worker (or render process) counts 1..N here and choose one (operator Jobs)"
     )
@@ -224,12 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--termination-log", default=None, help="also write the JSON report here (Kubernetes terminationMessagePath)"
     )
 
+
+def _add_make_model(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     make = commands.add_parser("make-model", help="build a real processor folder offline (tests, demos)")
     make.add_argument(
         "--kind",
         required=True,
+        # The families are not listed here: naming them would import the builders on every start.
         help="qwen2-vl, llava, whisper, tokenizer, uncloneable, or a family of the compatibility suite "
-        f"({', '.join(testing_families.FAMILIES)})",
+        "(an unknown kind's error lists every kind)",
     )
     make.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
     make.add_argument(
@@ -250,6 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument(
         "--declared-workers", type=_worker_count, default=None, help="write mmprep.json declaring this processor worker count"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmprep-runtime",
+        description="Clone-per-thread multimodal preprocessing server, with probe and bench.",
+    )
+    # The installed distribution's version: the one pyproject.toml states, nothing to keep in step.
+    parser.add_argument("--version", action="version", version=f"%(prog)s {versions.version_of('mmprep') or 'unknown'}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(commands)
+    _add_probe(commands)
+    _add_bench(commands)
+    _add_calibrate(commands)
+    _add_make_model(commands)
     return parser
 
 
@@ -272,10 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         memory.tune_allocator()
     if args.command == "make-model":
-        from mmprep_runtime import testing_models
+        from mmprep_runtime.synthetic import models
 
         try:
-            out = testing_models.make_model(
+            out = models.make_model(
                 args.kind,
                 args.out,
                 backend=args.backend,
@@ -283,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 declared_io_workers=args.declared_io_workers,
                 thread_safe=args.thread_safe,
             )
-        except testing_models.ModelBuildError as exc:
+        except models.ModelBuildError as exc:
             print(f"mmprep-runtime make-model: {exc}", file=sys.stderr)
             return EXIT_USAGE
         print(out)

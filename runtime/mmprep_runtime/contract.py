@@ -22,7 +22,7 @@ from typing import Any, Final, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mmprep_runtime.exits import TERMINATION_MESSAGE_MAX_BYTES
-from mmprep_runtime.sizing import Path, Reason, WorkerCountError, parse_worker_count
+from mmprep_runtime.sizing import ComputePath, WorkerCountError, WorkerReason, parse_worker_count
 
 # ------------------------------------------------------------------------------------ environment
 
@@ -31,7 +31,7 @@ ENV_PROCESSOR_WORKERS: Final = "MMPREP_PROCESSOR_WORKERS"
 ENV_IO_WORKERS: Final = "MMPREP_IO_WORKERS"
 #: ``cpu`` or ``cuda``: where the operator placed the pool's preprocessing.
 ENV_DEVICE: Final = "MMPREP_DEVICE"
-#: The pool the pod belongs to and the rule that decided its worker count (a ``Reason`` value).
+#: The pool the pod belongs to and the rule that decided its worker count (a ``WorkerReason`` value).
 #: Reported back by ``/v1/info`` and the metrics, so a pod says the same as the resource's status.
 ENV_POOL: Final = "MMPREP_POOL"
 ENV_DECISION_REASON: Final = "MMPREP_DECISION_REASON"
@@ -64,17 +64,17 @@ class PoolDecisionEnv:
     """One pool's decision as it travels in the runtime pod's environment."""
 
     pool: str
-    path: Path
+    path: ComputePath
     processor_workers: int
     io_workers: int
-    reason: Reason
+    reason: WorkerReason
 
     def to_env(self) -> list[dict[str, str]]:
         """The container env entries, in a fixed order (a reordering would roll the pods)."""
         return [
             {"name": ENV_PROCESSOR_WORKERS, "value": str(self.processor_workers)},
             {"name": ENV_IO_WORKERS, "value": str(self.io_workers)},
-            {"name": ENV_DEVICE, "value": "cuda" if self.path is Path.GPU else "cpu"},
+            {"name": ENV_DEVICE, "value": "cuda" if self.path is ComputePath.GPU else "cpu"},
             {"name": ENV_POOL, "value": self.pool},
             {"name": ENV_DECISION_REASON, "value": self.reason.value},
         ]
@@ -96,9 +96,9 @@ class PoolDecisionEnv:
         if missing:
             raise ContractError(f"the operator's decision is incomplete: {', '.join(missing)} not set")
         try:
-            reason = Reason(reason_text)
+            reason = WorkerReason(reason_text)
         except ValueError:
-            known = ", ".join(r.value for r in Reason)
+            known = ", ".join(r.value for r in WorkerReason)
             raise ContractError(f"{ENV_DECISION_REASON} must be one of {known}; got {reason_text!r}") from None
         device = environ[ENV_DEVICE].strip().lower()
         if device not in ("cpu", "cuda"):
@@ -108,7 +108,7 @@ class PoolDecisionEnv:
             io_workers = parse_worker_count(ENV_IO_WORKERS, environ[ENV_IO_WORKERS])
         except WorkerCountError as exc:
             raise ContractError(str(exc)) from None
-        path = Path.GPU if device == "cuda" else Path.CPU
+        path = ComputePath.GPU if device == "cuda" else ComputePath.CPU
         return cls(pool=pool, path=path, processor_workers=processor_workers, io_workers=io_workers, reason=reason)
 
 
@@ -201,7 +201,7 @@ class ProbeAnswer(BaseModel):
     declared_io_workers: int | None = Field(None, description="IO worker count the model declares.")
     thread_safe: bool = Field(True, description="False when the model declares its processor not thread-safe.")
     clone_seconds: float | None = Field(None, description="Time one deepcopy took.")
-    path_if_gpu: Path | None = Field(None, description="The path the processor takes when given a GPU.")
+    path_if_gpu: ComputePath | None = Field(None, description="The path the processor takes when given a GPU.")
     versions: dict[str, str] = Field(default_factory=dict, description="Library versions in the runtime image.")
     render_path: str | None = Field(
         None,

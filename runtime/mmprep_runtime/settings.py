@@ -47,7 +47,7 @@ class ModelSettings:
     trust_remote_code: bool = False
     backend: sizing.Backend = sizing.Backend.AUTO
     device: sizing.Device = sizing.Device.AUTO
-    #: Bind the exact, GIL-light stand-ins of ``fast_paths`` (off: transformers' own steps only).
+    #: Bind the exact, GIL-light stand-ins of ``stand_ins`` (off: transformers' own steps only).
     fast_paths: bool = True
 
 
@@ -124,7 +124,7 @@ class RenderSettings:
     #: model config's ``max_position_embeddings``, as vLLM does.
     max_model_len: int | None = None
     fetch: FetchSettings = FetchSettings()
-    #: Which path renders (``render_paths``): ``auto`` (the native fast path for the families it
+    #: Which path renders (``choice``): ``auto`` (the native fast path for the families it
     #: renders byte-equal, vLLM's own processing for every other), ``native`` or ``general``.
     path: str = "auto"
     #: vLLM render processes of the general path; None = one per usable CPU.

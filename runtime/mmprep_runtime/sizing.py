@@ -21,14 +21,14 @@ import enum
 from typing import Final, TypeGuard
 
 
-class Path(str, enum.Enum):
+class ComputePath(str, enum.Enum):
     """Where preprocessing runs: on CPU cores, or on the CUDA device the model also runs on."""
 
     CPU = "cpu"
     GPU = "gpu"
 
 
-class Reason(str, enum.Enum):
+class WorkerReason(str, enum.Enum):
     """Why the processor worker count is what it is; the first rule that matched."""
 
     NOT_CLONEABLE = "NotCloneable"
@@ -66,7 +66,7 @@ def decide_path(
     device: Device | str = Device.AUTO,
     backend: Backend | str = Backend.AUTO,
     fast_image_processor: bool,
-) -> Path:
+) -> ComputePath:
     """The GPU path needs every condition at once; anything missing means the CPU does the work.
 
     ``gpu_available`` is the caller's fact about the hardware: for the operator, "the pool has GPUs
@@ -77,8 +77,8 @@ def decide_path(
     device = Device(device)
     backend = Backend(backend)
     if gpu_available and device is not Device.CPU and backend is not Backend.PIL and fast_image_processor:
-        return Path.GPU
-    return Path.CPU
+        return ComputePath.GPU
+    return ComputePath.CPU
 
 
 class WorkerCountError(ValueError):
@@ -104,10 +104,10 @@ def check_worker_count(name: str, value: object) -> int:
 class WorkerDecision:
     """The decision as fields; ``describe`` is the one place they become a sentence."""
 
-    path: Path
+    path: ComputePath
     processor_workers: int
     io_workers: int
-    reason: Reason
+    reason: WorkerReason
     #: Why this rule gave this count, without restating path or count, e.g. "the model declares 2,
     #: capped because a second worker contends for the device"; "" when the reason says it all.
     detail: str
@@ -136,7 +136,7 @@ def _optional_count(name: str, value: int | None) -> int | None:
 
 def decide_workers(
     *,
-    path: Path | str,
+    path: ComputePath | str,
     cloneable: bool,
     explicit: int | None = None,
     override: int | None = None,
@@ -160,7 +160,7 @@ def decide_workers(
     for. ``declared`` is what the model's own config says it measured. ``cloneable_error`` only
     enriches the NotCloneable case's detail.
     """
-    path = Path(path)
+    path = ComputePath(path)
     explicit = _optional_count("explicit processor workers", explicit)
     override = _optional_count("override processor workers", override)
     declared = _optional_count("declared processor workers", declared)
@@ -171,17 +171,17 @@ def decide_workers(
         or DEFAULT_IO_WORKERS
     )
 
-    def made(workers: int, reason: Reason, detail: str, not_honoured: int | None = None) -> WorkerDecision:
+    def made(workers: int, reason: WorkerReason, detail: str, not_honoured: int | None = None) -> WorkerDecision:
         return WorkerDecision(path, workers, io_workers, reason, detail, not_honoured)
 
     # Both caps hold even against an explicit count: the count asked for is kept as not honoured.
-    cap: tuple[Reason, str, str] | None = None
+    cap: tuple[WorkerReason, str, str] | None = None
     if not cloneable:
         why = f" ({cloneable_error})" if cloneable_error else ""
-        cap = (Reason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}", "threads cannot share one processor")
+        cap = (WorkerReason.NOT_CLONEABLE, f"the processor cannot be deep-copied{why}", "threads cannot share one processor")
     elif not thread_safe:
         cap = (
-            Reason.NOT_THREAD_SAFE,
+            WorkerReason.NOT_THREAD_SAFE,
             "the model declares its processor not thread-safe",
             "its copies must not run concurrently",
         )
@@ -191,23 +191,23 @@ def decide_workers(
             return made(1, reason, f"{what}; {explicit} workers were asked for, but {consequence}", explicit)
         return made(1, reason, what)
     if explicit is not None:
-        return made(explicit, Reason.EXPLICIT, "asked for explicitly")
+        return made(explicit, WorkerReason.EXPLICIT, "asked for explicitly")
     if override is not None:
-        return made(override, Reason.OVERRIDE, "from a per-GPU override")
+        return made(override, WorkerReason.OVERRIDE, "from a per-GPU override")
     if measured is not None:
-        return made(measured, Reason.MEASURED, "the count a calibration run measured best on this pool's hardware")
-    if path is Path.GPU:
+        return made(measured, WorkerReason.MEASURED, "the count a calibration run measured best on this pool's hardware")
+    if path is ComputePath.GPU:
         declared_note = (
             f"the model declares {declared}, capped because a second worker contends for the device"
             if declared is not None and declared != GPU_PATH_WORKERS
             else ""
         )
-        return made(GPU_PATH_WORKERS, Reason.GPU_PATH_CAP, declared_note)
+        return made(GPU_PATH_WORKERS, WorkerReason.GPU_PATH_CAP, declared_note)
     if declared is not None:
-        return made(declared, Reason.MODEL_DECLARED, f"the model declares {declared} worker(s)")
-    return made(CPU_PATH_DEFAULT_WORKERS, Reason.CPU_PATH_DEFAULT, "the CPU path's default")
+        return made(declared, WorkerReason.MODEL_DECLARED, f"the model declares {declared} worker(s)")
+    return made(CPU_PATH_DEFAULT_WORKERS, WorkerReason.CPU_PATH_DEFAULT, "the CPU path's default")
 
 
 #: The vLLM render API's paths, in the order of ``--render-path``'s choices: ``auto`` chooses per
-#: model (``apis.render_paths``), ``native`` is mmprep's fast path, ``general`` vLLM's own processing.
+#: model (``backends.choice``), ``native`` is mmprep's fast path, ``general`` vLLM's own processing.
 RENDER_PATHS: Final = ("auto", "native", "general")

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pytest
 from support.kube import HACK
 
-from mmprep_runtime import testing_media
+from mmprep_runtime.synthetic import media
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +48,8 @@ def media_server() -> Iterator[str]:
     """A local HTTP server with a JPEG (``/photo.jpg``) and a WAV clip (``/clip.wav``): both render
     servers fetch the same URLs."""
     _Media.files = {
-        "/photo.jpg": ("image/jpeg", testing_media.jpeg(400, 300, seed=7)),
-        "/clip.wav": ("audio/wav", testing_media.wav(0.8)),
+        "/photo.jpg": ("image/jpeg", media.jpeg(400, 300, seed=7)),
+        "/clip.wav": ("audio/wav", media.wav(0.8)),
     }
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Media)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

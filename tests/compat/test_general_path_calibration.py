@@ -15,14 +15,14 @@ import pytest
 from support.kube import REPO
 from support.servers import vllm_render_env
 
-from mmprep_runtime import testing_models
 from mmprep_runtime.calibration_report import RENDER_PROCESSES, Report
+from mmprep_runtime.synthetic import models
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_general_paths_calibration_measures_render_processes(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    folder = testing_models.make_model("gemma3", tmp_path / "gemma3")
+    folder = models.make_model("gemma3", tmp_path / "gemma3")
     log = tmp_path / "termination-log"
     command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "calibrate", "--model", str(folder)]
     command += ["--render-path", "auto", "--vllm-args", "--mm-processor-cache-gb 0", "--max-workers", "2"]

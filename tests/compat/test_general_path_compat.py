@@ -1,6 +1,6 @@
 """The render tier against vLLM's own render server, for every family ``make-model`` builds.
 
-For each family (``mmprep_runtime.testing_families``: weight-less folders with real processor
+For each family (``mmprep_runtime.synthetic.families``: weight-less folders with real processor
 classes, small tokenizers and the published image sizes), both servers start once on the same
 folder, from vLLM's virtualenv (``hack/vllm/venv.sh``; mmprep's general path runs vLLM's own
 processing, so it runs there too):
@@ -30,13 +30,13 @@ from support.kube import REPO
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, vllm_render_command, vllm_render_env
 
-from mmprep_runtime import testing_families, testing_media, testing_models
+from mmprep_runtime.synthetic import families, media, models
 
 # Two servers start per family on a 2-core machine (vLLM's import and warm-up: 15-50 s each).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-FAMILIES = list(testing_families.FAMILIES)
-AUDIO_FAMILIES = [kind for kind, family in testing_families.FAMILIES.items() if family.chat.audio]
+FAMILIES = list(families.FAMILIES)
+AUDIO_FAMILIES = [kind for kind, family in families.FAMILIES.items() if family.chat.audio]
 CHAT = "/v1/chat/completions/render"
 SYSTEM = {"role": "system", "content": [{"type": "text", "text": "Answer in one sentence."}]}
 #: The families whose processor class has mmprep's native fast path (and the general one beside it).
@@ -49,13 +49,13 @@ def _image(url: str) -> dict[str, Any]:
 
 def _wav_part(seconds: float) -> dict[str, Any]:
     """OpenAI's inline audio part: base64 WAV bytes and their format."""
-    encoded = data_uri(testing_media.wav(seconds), "audio/wav").split(",", 1)[1]
+    encoded = data_uri(media.wav(seconds), "audio/wav").split(",", 1)[1]
     return {"type": "input_audio", "input_audio": {"data": encoded, "format": "wav"}}
 
 
 def _image_cases(media_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    one = data_uri(testing_media.jpeg(640, 480, seed=1), "image/jpeg")
-    mixed = [data_uri(testing_media.jpeg(320, 240, seed=2), "image/jpeg"), data_uri(rgba_png(200, 300), "image/png")]
+    one = data_uri(media.jpeg(640, 480, seed=1), "image/jpeg")
+    mixed = [data_uri(media.jpeg(320, 240, seed=2), "image/jpeg"), data_uri(rgba_png(200, 300), "image/png")]
     return {
         "one image": (
             CHAT,
@@ -88,7 +88,7 @@ def _image_cases(media_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def _video_cases() -> dict[str, tuple[str, dict[str, Any]]]:
-    frames = ",".join(data_uri(testing_media.jpeg(320, 240, seed=s), "x").split(",", 1)[1] for s in range(8))
+    frames = ",".join(data_uri(media.jpeg(320, 240, seed=s), "x").split(",", 1)[1] for s in range(8))
     video = {"type": "video_url", "video_url": {"url": f"data:video/jpeg;base64,{frames}"}}
     return {
         "a video of JPEG frames": (
@@ -127,7 +127,7 @@ def _audio_cases(media_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 #: A WAV cut off inside its header: neither server can decode it.
-_TRUNCATED_WAV: Final = {"data": base64.b64encode(testing_media.wav(1.0)[:30]).decode(), "format": "wav"}
+_TRUNCATED_WAV: Final = {"data": base64.b64encode(media.wav(1.0)[:30]).decode(), "format": "wav"}
 CORRUPT_AUDIO: Final = {
     "messages": [
         {
@@ -141,7 +141,7 @@ CORRUPT_AUDIO: Final = {
 def cases(kind: str, media_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every request sent to both servers for ``kind``: those of each modality it takes, text only
     and a completion prompt."""
-    chat = testing_families.FAMILIES[kind].chat
+    chat = families.FAMILIES[kind].chat
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     if chat.image:
         out.update(_image_cases(media_url))
@@ -177,7 +177,7 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
     found: dict[str, Any] = {"statuses": {}, "info": {}, "errors": {}, "work": work}
     found.update({"corrupt audio": {}, "after corrupt audio": {}})
     for kind in FAMILIES:
-        folder = testing_models.make_model(kind, work / kind)
+        folder = models.make_model(kind, work / kind)
         vllm, mmprep = (
             _vllm(vllm_venv, folder, work / f"{kind}.vllm.log"),
             _mmprep(vllm_venv, folder, work / f"{kind}.mmprep.log"),

@@ -22,7 +22,7 @@ from support.kube import REPO, wait_for
 from support.render_servers import Server, data_uri
 from support.servers import free_port, vllm_render_env
 
-from mmprep_runtime import testing_media, testing_models
+from mmprep_runtime.synthetic import media, models
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -32,7 +32,7 @@ CHAT = "/v1/chat/completions/render"
 @pytest.fixture(scope="module")
 def general(vllm_venv: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work = tmp_path_factory.mktemp("general-robustness")
-    folder = testing_models.make_model("qwen3-vl", work / "qwen3-vl")
+    folder = models.make_model("qwen3-vl", work / "qwen3-vl")
     command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
     command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-path", "general", "--render-processes", "2"]
     command += ["--fetch-allowed-networks", "127.0.0.1/32"]
@@ -52,7 +52,7 @@ def _image(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-GOOD = _ask(_image(data_uri(testing_media.jpeg(320, 240, seed=5), "image/jpeg")))
+GOOD = _ask(_image(data_uri(media.jpeg(320, 240, seed=5), "image/jpeg")))
 
 
 def _assert_serving(server: Server) -> None:
@@ -68,7 +68,7 @@ def _assert_vllm_error(status: int, answer: Any, *words: str) -> None:
     assert all(word.lower() in error["message"].lower() for word in words), error["message"]
 
 
-_JPEG = testing_media.jpeg(320, 240, seed=9)
+_JPEG = media.jpeg(320, 240, seed=9)
 BAD_REQUESTS = {
     "a truncated image": (_ask(_image(data_uri(_JPEG[: len(_JPEG) // 3], "image/jpeg"))), ()),
     "a corrupt video file": (
@@ -121,7 +121,7 @@ def test_a_killed_render_process_is_replaced_and_the_other_serves_meanwhile(gene
 def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """The operator's probe Job runs the image's `mmprep-runtime probe`; its answer (the resource's
     status.probe.result) carries the vLLM version the render tier runs, read from the install."""
-    folder = testing_models.make_model("gemma3", tmp_path / "gemma3")  # a family with no native fast path
+    folder = models.make_model("gemma3", tmp_path / "gemma3")  # a family with no native fast path
     done = subprocess.run(
         [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "probe", "--model", str(folder)],
         capture_output=True,

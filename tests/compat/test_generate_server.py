@@ -34,7 +34,7 @@ from support.kube import HACK, REPO
 from support.render_servers import Server, data_uri
 from support.servers import free_port, vllm_render_env
 
-from mmprep_runtime import testing_media, testing_models
+from mmprep_runtime.synthetic import media, models
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -72,7 +72,7 @@ def _engine_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The tiny Qwen2-VL folder: its config's sizes make an engine that starts in seconds."""
-    return testing_models.make_model("qwen2-vl", tmp_path_factory.mktemp("generate-model") / "qwen2-vl")
+    return models.make_model("qwen2-vl", tmp_path_factory.mktemp("generate-model") / "qwen2-vl")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def servers(
 
 
 def _chat(seed: int) -> dict[str, Any]:
-    image = data_uri(testing_media.jpeg(320, 240, seed=seed), "image/jpeg")
+    image = data_uri(media.jpeg(320, 240, seed=seed), "image/jpeg")
     content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "Describe this image."}]
     return {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0}
 

@@ -21,7 +21,7 @@ import pytest
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 
-from mmprep_runtime import testing_media, testing_models
+from mmprep_runtime.synthetic import media, models
 
 # The first test also pays for vLLM's virtualenv when it is not cached yet (`make test` installs it
 # before pytest starts) and for starting both servers.
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 @pytest.fixture(scope="session")
 def render_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    return testing_models.make_model("qwen2-vl", tmp_path_factory.mktemp("models") / "qwen2-vl")
+    return models.make_model("qwen2-vl", tmp_path_factory.mktemp("models") / "qwen2-vl")
 
 
 def start_vllm(venv: pathlib.Path, model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> Server:
@@ -47,11 +47,11 @@ def start_mmprep(model: pathlib.Path, normalized: bool, logs: pathlib.Path) -> S
 
 
 def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    one = data_uri(testing_media.jpeg(640, 480, seed=1), "image/jpeg")
+    one = data_uri(media.jpeg(640, 480, seed=1), "image/jpeg")
     three = [
-        data_uri(testing_media.jpeg(320, 240, seed=2), "image/jpeg"),
+        data_uri(media.jpeg(320, 240, seed=2), "image/jpeg"),
         data_uri(rgba_png(200, 300), "image/png"),
-        data_uri(testing_media.jpeg(500, 375, seed=4), "image/jpeg"),
+        data_uri(media.jpeg(500, 375, seed=4), "image/jpeg"),
     ]
     chat = "/v1/chat/completions/render"
 

@@ -40,7 +40,7 @@ from support.kind_load import RESTRICTED, LoadPod, start_load
 from support.kube import GROUP, PLURAL, VERSION, Kube, condition, condition_is, container_env, pools, wait_for
 from support.packaging_support import CHART, DOCKER_HACK, HACK, RUNTIME_IMAGE, docker_engine
 
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
+from mmprep_runtime.synthetic.models import QWEN_IMAGE_PLACEHOLDER
 
 # Setup builds the images and the node image and creates the cluster: many minutes the first time.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]

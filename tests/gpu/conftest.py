@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from mmprep_runtime import testing_models
+from mmprep_runtime.synthetic import models
 
 
 def _why_no_cuda() -> str | None:
@@ -40,7 +40,7 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., pat
 
     def make(kind: str) -> pathlib.Path:
         if kind not in cache:
-            cache[kind] = testing_models.make_model(kind, tmp_path_factory.mktemp(f"model-{kind}"), backend="torchvision")
+            cache[kind] = models.make_model(kind, tmp_path_factory.mktemp(f"model-{kind}"), backend="torchvision")
         return cache[kind]
 
     return make

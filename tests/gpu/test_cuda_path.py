@@ -13,15 +13,15 @@ import torch
 from aiohttp import web
 from PIL import Image
 
-from mmprep_runtime import testing_models
 from mmprep_runtime.commands import bench
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import cuda, loading
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import ModelSettings, ServeSettings
-from mmprep_runtime.sizing import Device, Path
-from mmprep_runtime.testing_media import jpeg
+from mmprep_runtime.sizing import ComputePath, Device
+from mmprep_runtime.synthetic import models
+from mmprep_runtime.synthetic.media import jpeg
 
 TIMEOUT = 120
 #: Normalised pixel values (about 1/(255*0.27) = 0.015 per uint8 step): CUDA's bicubic resize may
@@ -41,7 +41,7 @@ def test_cuda_starts_on_the_pods_device_and_proves_it() -> None:
 def test_the_engine_warms_up_on_the_device_before_it_is_returned(qwen_dir) -> None:
     running = engine.start_engine(ModelSettings(str(qwen_dir), device=Device.CUDA), processor_workers=2)
     try:
-        assert running.decision.path is Path.GPU and running.device == "cuda:0"
+        assert running.decision.path is ComputePath.GPU and running.device == "cuda:0"
         assert running.info()["cuda"]["device"] == "cuda:0"
 
         def stream_of(_processor: object) -> int:
@@ -69,7 +69,7 @@ def test_uploads_land_on_the_device_and_outputs_match_the_cpu_within_tolerance(q
     assert [u.device.type for u in uploaded] == ["cuda", "cuda"]
     torch.cuda.current_stream().synchronize()
     assert torch.equal(uploaded[1].cpu(), decoded)
-    text = f"look {testing_models.QWEN_IMAGE_PLACEHOLDER}"
+    text = f"look {models.QWEN_IMAGE_PLACEHOLDER}"
     cpu_out = on_cpu(text=text, images=[image], return_tensors="pt")
     gpu_out = on_gpu(text=text, images=[image], return_tensors="pt")
     assert gpu_out["pixel_values"].device.type == "cuda"
@@ -100,7 +100,7 @@ async def test_readyz_turns_true_only_after_the_warm_up_and_answers_come_back_on
         async with aiohttp.ClientSession() as client:
             async with client.get(f"http://{host}:{port}/readyz") as response:
                 assert response.status == 200
-            body = {"text": f"a {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(320, 240)).decode()]}
+            body = {"text": f"a {models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(320, 240)).decode()]}
             async with client.post(f"http://{host}:{port}/v1/preprocess", data=json.dumps(body)) as response:
                 assert response.status == 200, await response.text()
                 answer = await response.json()

@@ -19,8 +19,8 @@ from support.load_client import FAILED, NOT_DELIVERED, OK, Load
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
 
-from mmprep_runtime.testing_media import jpeg
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
+from mmprep_runtime.synthetic.media import jpeg
+from mmprep_runtime.synthetic.models import QWEN_IMAGE_PLACEHOLDER
 
 pytestmark = pytest.mark.cluster
 

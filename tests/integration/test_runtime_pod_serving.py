@@ -24,7 +24,7 @@ from support.kube import (
 from support.operator_process import OperatorProcess
 from support.specs import make_spec
 
-from mmprep_runtime.testing_models import QWEN_IMAGE_PLACEHOLDER
+from mmprep_runtime.synthetic.models import QWEN_IMAGE_PLACEHOLDER
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from mmprep_runtime import testing_media
+from mmprep_runtime.synthetic import media
 from support.kube import wait_for
 
 # A deadline, not a pause: a loaded 2-core machine (the kind bring-up beside) needs minutes to start vLLM.
@@ -25,7 +25,7 @@ def rgba_png(width: int, height: int) -> bytes:
     """A PNG with transparency: vLLM composites it onto white, and the conversion joins its hash."""
     from PIL import Image
 
-    image = Image.open(io.BytesIO(testing_media.png(width, height, seed=3))).convert("RGBA")
+    image = Image.open(io.BytesIO(media.png(width, height, seed=3))).convert("RGBA")
     alpha = Image.linear_gradient("L").resize((width, height))
     image.putalpha(alpha)
     buffer = io.BytesIO()

@@ -17,7 +17,7 @@ from mmprep_runtime.calibration_report import (
     choose,
     worker_counts,
 )
-from mmprep_runtime.sizing import Path, Reason, decide_workers
+from mmprep_runtime.sizing import ComputePath, WorkerReason, decide_workers
 
 
 def curve(*rates: float) -> list[CurvePoint]:
@@ -88,14 +88,14 @@ def test_worker_counts_stay_within_the_decision_bounds() -> None:
 
 
 def test_a_measurement_ranks_below_explicit_and_override_and_above_the_path_rules() -> None:
-    assert decide_workers(path=Path.GPU, cloneable=True, measured=2).reason is Reason.MEASURED
-    assert decide_workers(path=Path.GPU, cloneable=True, measured=2).processor_workers == 2  # beats GPUPathCap
-    assert decide_workers(path=Path.CPU, cloneable=True, declared=4, measured=3).processor_workers == 3
-    assert decide_workers(path=Path.CPU, cloneable=True, explicit=5, measured=3).reason is Reason.EXPLICIT
-    assert decide_workers(path=Path.CPU, cloneable=True, override=6, measured=3).reason is Reason.OVERRIDE
-    assert decide_workers(path=Path.CPU, cloneable=False, measured=3).processor_workers == 1
+    assert decide_workers(path=ComputePath.GPU, cloneable=True, measured=2).reason is WorkerReason.MEASURED
+    assert decide_workers(path=ComputePath.GPU, cloneable=True, measured=2).processor_workers == 2  # beats GPUPathCap
+    assert decide_workers(path=ComputePath.CPU, cloneable=True, declared=4, measured=3).processor_workers == 3
+    assert decide_workers(path=ComputePath.CPU, cloneable=True, explicit=5, measured=3).reason is WorkerReason.EXPLICIT
+    assert decide_workers(path=ComputePath.CPU, cloneable=True, override=6, measured=3).reason is WorkerReason.OVERRIDE
+    assert decide_workers(path=ComputePath.CPU, cloneable=False, measured=3).processor_workers == 1
     with pytest.raises(ValueError, match="measured processor workers"):
-        decide_workers(path=Path.CPU, cloneable=True, measured=0)
+        decide_workers(path=ComputePath.CPU, cloneable=True, measured=0)
 
 
 def test_a_report_survives_the_trip_through_a_termination_message() -> None:
@@ -135,18 +135,18 @@ def test_the_report_is_compact_json() -> None:
 
 
 def test_a_processor_declared_not_thread_safe_gets_one_worker_even_when_more_are_asked_for() -> None:
-    plain = decide_workers(path=Path.CPU, cloneable=True, thread_safe=False)
-    assert (plain.processor_workers, plain.reason) == (1, Reason.NOT_THREAD_SAFE)
-    asked = decide_workers(path=Path.CPU, cloneable=True, thread_safe=False, explicit=4, measured=3)
-    assert (asked.processor_workers, asked.reason, asked.explicit_not_honoured) == (1, Reason.NOT_THREAD_SAFE, 4)
+    plain = decide_workers(path=ComputePath.CPU, cloneable=True, thread_safe=False)
+    assert (plain.processor_workers, plain.reason) == (1, WorkerReason.NOT_THREAD_SAFE)
+    asked = decide_workers(path=ComputePath.CPU, cloneable=True, thread_safe=False, explicit=4, measured=3)
+    assert (asked.processor_workers, asked.reason, asked.explicit_not_honoured) == (1, WorkerReason.NOT_THREAD_SAFE, 4)
     # Cloneability is the older, stronger fact: it names the reason when both hold.
-    assert decide_workers(path=Path.CPU, cloneable=False, thread_safe=False).reason is Reason.NOT_CLONEABLE
+    assert decide_workers(path=ComputePath.CPU, cloneable=False, thread_safe=False).reason is WorkerReason.NOT_CLONEABLE
 
 
 def test_io_workers_come_from_the_explicit_count_then_the_models_declaration_then_the_default() -> None:
-    assert decide_workers(path=Path.CPU, cloneable=True).io_workers == 4
-    assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6).io_workers == 6
-    assert decide_workers(path=Path.CPU, cloneable=True, declared_io=6, explicit_io=2).io_workers == 2
+    assert decide_workers(path=ComputePath.CPU, cloneable=True).io_workers == 4
+    assert decide_workers(path=ComputePath.CPU, cloneable=True, declared_io=6).io_workers == 6
+    assert decide_workers(path=ComputePath.CPU, cloneable=True, declared_io=6, explicit_io=2).io_workers == 2
 
 
 def test_a_report_says_what_it_measured_and_an_older_one_measured_workers() -> None:

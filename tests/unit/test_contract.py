@@ -8,16 +8,16 @@ import pytest
 
 from mmprep_runtime import contract
 from mmprep_runtime.contract import ContractError, PoolDecisionEnv, ProbeAnswer
-from mmprep_runtime.sizing import MAX_WORKERS, Path, Reason, WorkerCountError, check_worker_count
+from mmprep_runtime.sizing import MAX_WORKERS, ComputePath, WorkerCountError, WorkerReason, check_worker_count
 
 
 def _environ(decision: PoolDecisionEnv) -> dict[str, str]:
     return {e["name"]: e["value"] for e in decision.to_env()}
 
 
-@pytest.mark.parametrize("path", list(Path))
-@pytest.mark.parametrize("reason", [Reason.GPU_PATH_CAP, Reason.MEASURED, Reason.CPU_PATH_DEFAULT])
-def test_the_decision_env_reads_back_as_written(path: Path, reason: Reason) -> None:
+@pytest.mark.parametrize("path", list(ComputePath))
+@pytest.mark.parametrize("reason", [WorkerReason.GPU_PATH_CAP, WorkerReason.MEASURED, WorkerReason.CPU_PATH_DEFAULT])
+def test_the_decision_env_reads_back_as_written(path: ComputePath, reason: WorkerReason) -> None:
     decision = PoolDecisionEnv("nvidia-h200", path, 3, 4, reason)
     assert PoolDecisionEnv.from_environ(_environ(decision)) == decision
 
@@ -37,7 +37,7 @@ def test_a_pod_started_by_hand_has_no_operator_decision() -> None:
     ],
 )
 def test_a_malformed_decision_env_is_refused_naming_the_variable(change: dict[str, str], named: str) -> None:
-    environ = _environ(PoolDecisionEnv("cpu", Path.CPU, 2, 4, Reason.CPU_PATH_DEFAULT)) | change
+    environ = _environ(PoolDecisionEnv("cpu", ComputePath.CPU, 2, 4, WorkerReason.CPU_PATH_DEFAULT)) | change
     with pytest.raises(ContractError, match=named):
         PoolDecisionEnv.from_environ(environ)
 
@@ -50,7 +50,7 @@ def test_one_bounds_check_refuses_what_is_not_a_worker_count(value: object) -> N
 
 
 def test_the_probe_answer_reads_back_as_written_and_always_fits() -> None:
-    answer = ProbeAnswer(model="m", cloneable=True, fast_image_processor=True, declared_workers=2, path_if_gpu=Path.GPU)
+    answer = ProbeAnswer(model="m", cloneable=True, fast_image_processor=True, declared_workers=2, path_if_gpu=ComputePath.GPU)
     assert ProbeAnswer.from_message(answer.to_message()) == answer
     huge = ProbeAnswer(model="m" * 10_000, cloneable=False, error="x" * 10_000)
     message = huge.to_message()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from mmprep_operator.api import MultimodalPreprocessorSpec, ProbeResult, WorkerOverride
 from mmprep_operator.logic.pools import Pool
-from mmprep_runtime.sizing import Device, Path, Reason, WorkerDecision, decide_path, decide_workers, is_worker_count
+from mmprep_runtime.sizing import ComputePath, Device, WorkerDecision, WorkerReason, decide_path, decide_workers, is_worker_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PoolDecision:
     render_processes: int | None = None
 
 
-def _specificity(override: WorkerOverride, pool: Pool, path: Path) -> int | None:
+def _specificity(override: WorkerOverride, pool: Pool, path: ComputePath) -> int | None:
     """Lower is more specific; None when the override does not match the pool."""
     if override.path is not None and override.path != path.value:
         return None
@@ -56,7 +56,7 @@ def describe(override: WorkerOverride) -> str:
 
 
 def matching_override(
-    pool: Pool, path: Path, spec_overrides: Sequence[WorkerOverride], policy_overrides: Sequence[WorkerOverride]
+    pool: Pool, path: ComputePath, spec_overrides: Sequence[WorkerOverride], policy_overrides: Sequence[WorkerOverride]
 ) -> tuple[WorkerOverride, str] | None:
     for source, overrides in (("spec", spec_overrides), ("policy", policy_overrides)):
         ranked = [(rank, i, o) for i, o in enumerate(overrides) if (rank := _specificity(o, pool, path)) is not None]
@@ -105,7 +105,7 @@ def decide_pool(
         thread_safe=probe.thread_safe,
         declared_io=_usable_declared(probe.declared_io_workers),
     )
-    source = match[1] if match and decision.reason is Reason.OVERRIDE else None
+    source = match[1] if match and decision.reason is WorkerReason.OVERRIDE else None
     return PoolDecision(pool, decision, source, spec.serving.render_processes or measured_render_processes)
 
 

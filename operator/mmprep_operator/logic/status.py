@@ -24,7 +24,7 @@ from mmprep_operator.logic import autoscaling
 from mmprep_operator.logic.conditions import CONDITION_TYPES, ConditionType, Reason
 from mmprep_operator.logic.decide import PoolDecision, sentence
 from mmprep_operator.logic.pools import pool_arch
-from mmprep_runtime.sizing import Reason as SizingReason
+from mmprep_runtime.sizing import WorkerReason
 
 Status = Literal["True", "False", "Unknown"]
 
@@ -222,7 +222,7 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
             f"{p.explicit_not_honoured} processor workers were asked for, but "
             + (
                 "the model declares its processor not thread-safe"
-                if p.reason == SizingReason.NOT_THREAD_SAFE.value
+                if p.reason == WorkerReason.NOT_THREAD_SAFE.value
                 else "the processor cannot be deep-copied"
             )
             + ", so every pod runs 1 worker",

@@ -9,12 +9,14 @@ JSON (``error_response``).
 
 from __future__ import annotations
 
+from typing import Final
+
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis.http import JSON_TYPE, OCTET_STREAM, Answer, answer_response, read_json_body
+from mmprep_runtime.apis.routing import Route, Serving
 from mmprep_runtime.engine import core, loading, pipeline
-from mmprep_runtime.settings import Limits
+from mmprep_runtime.httpio.messages import JSON_TYPE, OCTET_STREAM, Answer, answer_response, read_json_body
 
 
 def error_response(error: errors.RequestError) -> web.Response:
@@ -49,10 +51,14 @@ def wants_uint8(request: web.Request, engine: core.Engine) -> bool:
     return pixels == "uint8"
 
 
-async def preprocess(request: web.Request, engine: core.Engine, limits: Limits) -> Answer:
+async def preprocess(request: web.Request, serving: Serving) -> Answer:
+    engine, limits = serving.engine, serving.limits
     binary = wants_safetensors(request)
     uint8 = wants_uint8(request, engine)
     body = await read_json_body(request, limits)
     api = pipeline.PreprocessApi(engine.facts, limits, binary, dict(loading.DEVICE_NORMALIZE_KWARGS) if uint8 else {})
     served = await engine.serve(api, body)
     return Answer(answer_response(served.payload, OCTET_STREAM if binary else JSON_TYPE), served.decode_seconds)
+
+
+ROUTES: Final = (Route("POST", "/v1/preprocess", preprocess, error_response),)

@@ -29,11 +29,12 @@ import pathlib
 import sys
 from typing import Any, Final
 
-from mmprep_runtime import calibration_report, errors, exits, testing_media, versions
-from mmprep_runtime.apis import render_paths
+from mmprep_runtime import calibration_report, errors, exits, versions
+from mmprep_runtime.backends import choice
+from mmprep_runtime.backends.vllm import worker_pool
 from mmprep_runtime.commands import measuring
 from mmprep_runtime.engine import core as engine
-from mmprep_runtime.engine import cpus, decoding, loading, vllm_pool
+from mmprep_runtime.engine import cpus, decoding, loading
 from mmprep_runtime.exits import ModelLoadError, write_termination_message
 from mmprep_runtime.settings import (
     Limits,
@@ -43,6 +44,7 @@ from mmprep_runtime.settings import (
     model_settings_from_args,
     render_settings_from_args,
 )
+from mmprep_runtime.synthetic import media
 
 EXIT_USAGE: Final = exits.EXIT_USAGE
 #: The model did not load, or no worker count could be measured.
@@ -76,7 +78,7 @@ class Schedule:
 
 def synthetic_inputs(sizes: list[tuple[int, int]]) -> Inputs:
     return Inputs(
-        tuple(testing_media.jpeg(w, h, seed=i) for i, (w, h) in enumerate(sizes)),
+        tuple(media.jpeg(w, h, seed=i) for i, (w, h) in enumerate(sizes)),
         tuple(f"{w}x{h}" for w, h in sizes),
     )
 
@@ -125,7 +127,7 @@ def render_bodies(facts: loading.ProcessorFacts, inputs: Inputs) -> tuple[bytes,
     if facts.takes_images:
         parts = [[_part("image_url", f"data:image/jpeg;base64,{base64.b64encode(image).decode()}")] for image in inputs.images]
     elif facts.takes_audio:
-        clip = base64.b64encode(testing_media.wav(5.0)).decode()
+        clip = base64.b64encode(media.wav(5.0)).decode()
         parts = [[{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}]]
     else:
         parts = [[]]
@@ -153,8 +155,8 @@ def measure_render_processes(
     """Render process counts 1..N of the general path: N of vLLM's render processes start once,
     and n of them are loaded at a time (one request in flight each), in interleaved rounds.
     An idle process costs memory, not CPU, so the first n measure what a pod of n renders."""
-    pool = vllm_pool.VllmWorkerPool(settings.model, max(counts), vllm_pool.vllm_options(render))
-    pool.start(vllm_pool.START_TIMEOUT_S)
+    pool = worker_pool.VllmWorkerPool(settings.model, max(counts), worker_pool.vllm_options(render))
+    pool.start(worker_pool.START_TIMEOUT_S)
     parts: dict[int, list[measuring.Measurement]] = {c: [] for c in counts}
     try:
         sockets = pool.socket_paths
@@ -220,10 +222,10 @@ def calibrate_render(
     finally:
         running.close()
     try:
-        path = render_paths.choose(render.path, facts.processor_class, versions.vllm_version())
-    except render_paths.NoRenderPath as exc:
+        path = choice.choose(render.path, facts.processor_class, versions.vllm_version())
+    except choice.NoRenderPath as exc:
         raise calibration_report.CalibrationError(str(exc)) from None
-    if path.primary == render_paths.NATIVE:
+    if path.primary == choice.NATIVE:
         return measure(settings, inputs, counts, schedule)
     names = inputs.names if facts.takes_images else ()
     return measure_render_processes(settings, render, render_bodies(facts, inputs), counts, schedule, names=names)
@@ -254,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
         calibration_report.CalibrationError,
         errors.RequestError,
         measuring.MeasureError,
-        vllm_pool.GeneralPathUnavailable,
+        worker_pool.GeneralPathUnavailable,
     ) as exc:
         print(f"mmprep-runtime calibrate: {exc}", file=sys.stderr)
         _answer(calibration_report.Report(error=str(exc)), args.termination_log)

@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from mmprep_runtime import sizing, testing_media
+from mmprep_runtime import sizing
+from mmprep_runtime.backends.vllm.worker_pool import UnixHTTPConnection
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import decoding, loading, pipeline
-from mmprep_runtime.engine.vllm_pool import UnixHTTPConnection
 from mmprep_runtime.settings import Limits
+from mmprep_runtime.synthetic import media
 
 _PROGRESS_INTERVAL: Final = 0.5
 
@@ -96,12 +97,12 @@ def build_workload(
     audio: tuple[Any, ...] = ()
     encoded: tuple[bytes, ...] = ()
     if facts.takes_images:
-        encoded = images or (testing_media.jpeg(*size),)
+        encoded = images or (media.jpeg(*size),)
         decoded = (decoding.decode_image(encoded[0], "image", max_pixels=Limits().max_image_pixels, layout=facts.image_layout),)
         if facts.image_token:
             text = f"{text} {facts.image_token}"
     elif facts.takes_audio:
-        audio = (decoding.decode_wav(testing_media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000, max_seconds=60),)
+        audio = (decoding.decode_wav(media.wav(5.0), "audio", target_rate=facts.sampling_rate or 16000, max_seconds=60),)
         text = f"What is said? {facts.audio_token}" if facts.audio_token else "What is said?"
     return Workload(facts, pipeline.PreprocessRequest(text, decoded, audio), encoded, decode)
 
@@ -256,11 +257,11 @@ def request_body(api: str, size: tuple[int, int], *, seed: int = 0) -> bytes:
     """One request of ``api`` with one synthetic JPEG, the body a client would send."""
     import base64
 
-    from mmprep_runtime import testing_models
+    from mmprep_runtime.synthetic import models
 
-    image = base64.b64encode(testing_media.jpeg(*size, seed=seed)).decode()
+    image = base64.b64encode(media.jpeg(*size, seed=seed)).decode()
     if api == "preprocess":
-        return json.dumps({"text": f"Describe this picture. {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [image]}).encode()
+        return json.dumps({"text": f"Describe this picture. {models.QWEN_IMAGE_PLACEHOLDER}", "images": [image]}).encode()
     return json.dumps(
         {
             "messages": [
@@ -278,13 +279,14 @@ def request_body(api: str, size: tuple[int, int], *, seed: int = 0) -> bytes:
 
 
 def served_api(running: engine.Engine, api: str, fetcher: Any = None) -> Any:
-    from mmprep_runtime.apis import vllm_model, vllm_render
+    from mmprep_runtime.backends import model_facts
+    from mmprep_runtime.backends.native import stages
     from mmprep_runtime.settings import RenderSettings
 
     if api == "preprocess":
         return pipeline.PreprocessApi(running.facts, Limits())
-    model = vllm_model.model_facts(running.processor, running.facts, RenderSettings())
-    return vllm_render.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
+    model = model_facts.model_facts(running.processor, running.facts, RenderSettings())
+    return stages.RenderApi(running.facts, model, Limits(), fetcher, chat=True)
 
 
 def measure_served(running: engine.Engine, api: Any, body: bytes, duration: float, progress: bool) -> Measurement:

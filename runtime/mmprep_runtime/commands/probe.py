@@ -15,7 +15,7 @@ import sys
 from typing import Final
 
 from mmprep_runtime import exits, versions
-from mmprep_runtime.apis import render_paths
+from mmprep_runtime.backends import choice
 from mmprep_runtime.contract import ProbeAnswer
 from mmprep_runtime.engine import executor, loading
 from mmprep_runtime.exits import ModelLoadError, write_termination_message
@@ -36,7 +36,7 @@ def probe(settings: ModelSettings) -> ProbeAnswer:
     """The probe's answer. Raises ``ModelLoadError`` when the processor cannot be loaded."""
     processor, facts = loading.load_processor(settings)
     clone = executor.try_clone(lambda: processor)
-    path = render_paths.choose("auto", facts.processor_class, versions.vllm_version())
+    path = choice.choose("auto", facts.processor_class, versions.vllm_version())
     return ProbeAnswer.model_validate(
         {
             **facts.reported(),

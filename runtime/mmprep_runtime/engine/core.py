@@ -179,7 +179,7 @@ def _init_worker(threads: int, device: str) -> None:
         cuda.worker_init(device)  # this worker's own stream
 
 
-def should_decode_on_worker(path: sizing.Path, processor_workers: int, usable_cpus: int) -> bool:
+def should_decode_on_worker(path: sizing.ComputePath, processor_workers: int, usable_cpus: int) -> bool:
     """Whether each request is decoded by the processor worker that processes it.
 
     When the processor workers alone can keep every usable CPU busy (CPU path, at least one
@@ -189,7 +189,7 @@ def should_decode_on_worker(path: sizing.Path, processor_workers: int, usable_cp
     per request. With fewer workers than CPUs (or the GPU path's single worker), the IO pool
     decodes the next request while the worker processes, which is worth more.
     """
-    return path is sizing.Path.CPU and processor_workers >= usable_cpus
+    return path is sizing.ComputePath.CPU and processor_workers >= usable_cpus
 
 
 def adopt_operator_reason(decision: sizing.WorkerDecision, operator: contract.PoolDecisionEnv) -> sizing.WorkerDecision:
@@ -200,7 +200,7 @@ def adopt_operator_reason(decision: sizing.WorkerDecision, operator: contract.Po
     ``Measured``, ...). A count the runtime had to lower (NotCloneable, NotThreadSafe) or a flag
     that differs from the operator's count keeps the runtime's own reason: it is what this pod does.
     """
-    if decision.reason is not sizing.Reason.EXPLICIT or decision.processor_workers != operator.processor_workers:
+    if decision.reason is not sizing.WorkerReason.EXPLICIT or decision.processor_workers != operator.processor_workers:
         return decision
     return dataclasses.replace(decision, reason=operator.reason, detail=f"the operator's decision for pool {operator.pool}")
 
@@ -220,7 +220,7 @@ def start_engine(
     processor, facts = loading.load_processor(model)
     device, gpu_available = resolve_device(model.device)
     path = facts.path(gpu_available=gpu_available, device=model.device)
-    if path is sizing.Path.GPU:
+    if path is sizing.ComputePath.GPU:
         loading.bind_device(processor, device)
     else:
         device = "cpu"

@@ -23,7 +23,7 @@ import pathlib
 from typing import Any, Final
 
 from mmprep_runtime import declared, sizing
-from mmprep_runtime.engine import cuda, decoding, fast_paths, patches
+from mmprep_runtime.engine import cuda, decoding, patches, stand_ins
 from mmprep_runtime.exits import ModelLoadError
 from mmprep_runtime.settings import ModelSettings
 
@@ -54,7 +54,7 @@ class ProcessorFacts:
     #: The model's own ``mmprep.json`` says its copies must not run concurrently (1 worker).
     thread_safe: bool = True
     declared_io_workers: int | None = None
-    #: The ``fast_paths`` stand-ins bound on this processor (empty when off or not applicable).
+    #: The ``stand_ins`` stand-ins bound on this processor (empty when off or not applicable).
     fast_paths: tuple[str, ...] = ()
     #: The text placeholder one audio clip takes (Qwen2-Audio's ``<|AUDIO|>``); None: none (Whisper).
     audio_token: str | None = None
@@ -73,7 +73,7 @@ class ProcessorFacts:
             "thread_safe": self.thread_safe,
         }
 
-    def path(self, *, gpu_available: bool, device: sizing.Device | str) -> sizing.Path:
+    def path(self, *, gpu_available: bool, device: sizing.Device | str) -> sizing.ComputePath:
         """The shared path rule applied to these facts (an unknown backend counts as ``auto``)."""
         backend = self.backend if self.backend in ("pil", "torchvision") else sizing.Backend.AUTO
         return sizing.decide_path(
@@ -190,7 +190,7 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
     wrong_backend = image_processor is not None and _image_backend(image_processor) != backend.value
     if backend is not sizing.Backend.AUTO and wrong_backend:
         try:
-            processor.image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]  # as above
+            processor.image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call,unused-ignore]  # as above (typed in some transformers 5 releases)
                 settings.model, backend=backend.value, **common
             )
         except Exception as exc:  # noqa: BLE001
@@ -201,7 +201,7 @@ def load_processor(settings: ModelSettings) -> tuple[Any, ProcessorFacts]:
         declaration = declared.declaration_of(folder, type(processor).__name__)
     except declared.DeclarationError as exc:
         raise ModelLoadError(f"{settings.model!r}: {exc}") from exc
-    bound = fast_paths.apply(processor) if settings.fast_paths else ()
+    bound = stand_ins.apply(processor) if settings.fast_paths else ()
     return processor, facts_of(processor, settings.model, declaration, bound)
 
 

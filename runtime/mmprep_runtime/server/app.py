@@ -1,9 +1,10 @@
 """The HTTP server: ``create_app(settings)``, its routes, and the thin handlers that join them.
 
-Each API route runs its API's handler (``apis.preprocess``, ``apis.vllm_endpoints``) inside
-``requests.admitted`` (readiness, admission, deadline, metrics, error mapping); ``health``
-answers the probes, ``/v1/info`` and ``/metrics``; ``lifecycle`` starts the engine in the
-background after the socket is open. The event loop only moves bytes and awaits.
+Each API module declares its routes (``apis.routing.Route``: ``apis.preprocess``,
+``apis.vllm_render_server``); each admitted one runs inside ``requests.admitted`` (readiness,
+admission, deadline, metrics, error mapping); ``health`` answers the probes, ``/v1/info`` and
+``/metrics``; ``lifecycle`` starts the engine and the render backend in the background after the
+socket is open. The event loop only moves bytes and awaits.
 
 Endpoints: mmprep's own ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/info``,
 ``GET /metrics``; vLLM's render API ``POST /v1/chat/completions/render``,
@@ -15,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import hdrs, web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, preprocess, render_paths, vllm_endpoints
-from mmprep_runtime.apis.http import Answer
+from mmprep_runtime.apis import preprocess, vllm_render_server
+from mmprep_runtime.apis.routing import Route
 from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.httpio import fetching
 from mmprep_runtime.server import health
 from mmprep_runtime.server.lifecycle import EngineFactory, start_engine
 from mmprep_runtime.server.metrics import Metrics
@@ -31,53 +34,28 @@ from mmprep_runtime.server.state import STATE, ServerState, not_serving_reason
 from mmprep_runtime.settings import ServeSettings
 
 
-async def _preprocess(request: web.Request, state: ServerState, engine: engine_module.Engine) -> Answer:
-    return await preprocess.preprocess(request, engine, state.settings.limits)
+def _admitted(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await admitted(request, route.handler, route.error_response)
+
+    return handle
 
 
-async def handle_preprocess(request: web.Request) -> web.StreamResponse:
-    return await admitted(request, _preprocess, preprocess.error_response)
+def _when_ready(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A route that takes no request slot (a model list): answered once the server serves."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        reason = not_serving_reason(state)
+        if reason is not None or state.serving is None:
+            return route.error_response(errors.NotReady(f"not ready: {reason}"))
+        return (await route.handler(request, state.serving)).response
+
+    return handle
 
 
-async def _render(request: web.Request, state: ServerState, engine: engine_module.Engine, *, chat: bool) -> Answer:
-    assert state.render_model is not None
-    limits = state.settings.limits
-    body = await vllm_endpoints.read_body(request, limits)
-    general, path = state.general, state.render_path
-    if general is not None and path is not None and path.primary == render_paths.GENERAL:
-        return await vllm_endpoints.render_general(request, body, general)
-    try:
-        return await vllm_endpoints.render(request, body, engine, state.render_model, limits, state.fetcher, chat=chat)
-    except errors.BeyondFastPath:
-        if general is None:
-            raise
-        # The native path does not render this one exactly: vLLM's own processing does.
-        return await vllm_endpoints.render_general(request, body, general)
-
-
-async def _render_chat(request: web.Request, state: ServerState, engine: engine_module.Engine) -> Answer:
-    return await _render(request, state, engine, chat=True)
-
-
-async def _render_completion(request: web.Request, state: ServerState, engine: engine_module.Engine) -> Answer:
-    return await _render(request, state, engine, chat=False)
-
-
-async def handle_render_chat(request: web.Request) -> web.StreamResponse:
-    return await admitted(request, _render_chat, vllm_endpoints.error_response)
-
-
-async def handle_render_completion(request: web.Request) -> web.StreamResponse:
-    return await admitted(request, _render_completion, vllm_endpoints.error_response)
-
-
-async def handle_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    reason = not_serving_reason(state)
-    model = state.render_model
-    if reason is not None or model is None:
-        return vllm_endpoints.error_response(errors.NotReady(f"not ready: {reason}"))
-    return web.json_response(vllm_endpoints.model_list(model, state.started))
+#: Every HTTP API's routes; each module declares its own.
+API_ROUTES: Final = (*preprocess.ROUTES, *vllm_render_server.ROUTES)
 
 
 #: How long the pools may take to stop once the server's requests are done (or cut off); with the
@@ -121,10 +99,12 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
     app.on_response_prepare.append(close_while_draining)
     state = ServerState(settings=settings, metrics=Metrics(), fetcher=fetching.Fetcher(settings.render.fetch))
     app[STATE] = state
-    app.router.add_post("/v1/preprocess", handle_preprocess)
-    app.router.add_post("/v1/chat/completions/render", handle_render_chat)
-    app.router.add_post("/v1/completions/render", handle_render_completion)
-    app.router.add_get("/v1/models", handle_models)
+    for route in API_ROUTES:
+        handler = _admitted(route) if route.admitted else _when_ready(route)
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # and HEAD, as every GET route here answers it
+        else:
+            app.router.add_route(route.method, route.path, handler)
     app.router.add_get("/health", health.handle_health)
     app.router.add_get("/healthz", health.handle_healthz)
     app.router.add_get("/readyz", health.handle_readyz)
@@ -138,9 +118,8 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
         if not task.done():
             # Shutting down mid-load: the load thread cannot be interrupted; let it finish.
             await asyncio.wait({task})
-        if state.general is not None:
-            await state.general.close()
-            await asyncio.to_thread(state.general.pool.close, POOL_STOP_SECONDS)
+        if state.serving is not None:
+            await state.serving.renderer.close(POOL_STOP_SECONDS)
         if state.engine is not None:
             # In-flight requests were waited for already (``serve``): what is left of the pool's
             # jobs belongs to requests cut off at the timeout, so the join is short.

@@ -59,8 +59,8 @@ async def handle_info(request: web.Request) -> web.Response:
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
     info["event_loop"] = event_loop_name(asyncio.get_running_loop())
-    if state.render_model is not None:
-        model = state.render_model
+    if state.serving is not None:
+        model = state.serving.model
         info["vllm_render"] = {
             "served_model_name": model.served_name,
             "max_model_len": model.max_model_len,
@@ -80,8 +80,8 @@ def _render_path(request: web.Request) -> dict[str, Any]:
         out["path"] = path.primary
         out["general_fallback"] = path.general_fallback
         out["path_reason"] = path.reason
-    if state.general is not None:
-        out["general"] = state.general.pool.info()
+    if state.serving is not None:
+        out.update(state.serving.renderer.info())
     return out
 
 

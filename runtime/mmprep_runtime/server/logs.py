@@ -16,10 +16,10 @@ from typing import Final
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from mmprep_runtime.logfields import STANDARD_RECORD_FIELDS
+
 FORMATS: Final = ("text", "json")
 ACCESS_LOGGER: Final = "mmprep_runtime.access"
-# LogRecord attributes that are not "extra" fields.
-_STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -32,7 +32,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        line.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        line.update({k: v for k, v in vars(record).items() if k not in STANDARD_RECORD_FIELDS})
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)

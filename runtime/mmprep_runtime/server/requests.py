@@ -1,6 +1,6 @@
 """What every API request runs inside: readiness, admission, the deadline, metrics, error mapping.
 
-``admitted`` wraps one API handler (``apis.preprocess``, ``apis.vllm_endpoints``): every HTTP
+``admitted`` wraps one API handler (``apis.preprocess``, ``apis.vllm_render_server``): every HTTP
 API shares all of it, only the error JSON's shape is the API's (``render_error``). Errors are
 typed (``errors``): each carries its status; nothing here picks one.
 """
@@ -10,34 +10,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis.http import Answer
-from mmprep_runtime.engine import core, executor
-from mmprep_runtime.server.state import SHUTTING_DOWN, STATE, ServerState, not_serving_reason
+from mmprep_runtime.apis.routing import ErrorResponse, Handler
+from mmprep_runtime.engine import executor
+from mmprep_runtime.server.state import SHUTTING_DOWN, STATE, not_serving_reason
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request, ServerState, core.Engine], Awaitable[Answer]]
-ErrorRenderer = Callable[[errors.RequestError], web.Response]
 
-
-async def admitted(request: web.Request, handler: Handler, render_error: ErrorRenderer) -> web.StreamResponse:
+async def admitted(request: web.Request, handler: Handler, render_error: ErrorResponse) -> web.StreamResponse:
     """Readiness, admission, deadline, metrics and error mapping around one API handler."""
     state = request.app[STATE]
     arrived = time.perf_counter()
     outcome = "ok"
     try:
-        engine, admission, reason = state.engine, state.admission, not_serving_reason(state)
+        serving, admission, reason = state.serving, state.admission, not_serving_reason(state)
         if reason == SHUTTING_DOWN:
             retry = state.settings.load.retry_after_s
             raise errors.ShuttingDown(
                 f"this pod is shutting down; retry in {retry} s (another pod answers)", headers={"Retry-After": str(retry)}
             )
-        if reason is not None or engine is None or admission is None:
+        if reason is not None or serving is None or admission is None:
             raise errors.NotReady(f"not ready: {reason or 'the processor is loading'}")
         if not admission.try_enter():
             retry = state.settings.load.retry_after_s
@@ -47,7 +43,7 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
             )
         try:
             async with asyncio.timeout(state.settings.load.deadline_s):
-                answer = await handler(request, state, engine)
+                answer = await handler(request, serving)
                 state.metrics.decode_seconds.observe(answer.decode_seconds)
                 return answer.response
         except executor.NoWorkersLeft as exc:

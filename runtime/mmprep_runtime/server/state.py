@@ -15,8 +15,10 @@ from typing import Final
 
 from aiohttp import web
 
-from mmprep_runtime.apis import fetching, render_paths, vllm_general, vllm_model
+from mmprep_runtime.apis.routing import Serving
+from mmprep_runtime.backends import choice
 from mmprep_runtime.engine import core
+from mmprep_runtime.httpio import fetching
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.drain import Drain
 from mmprep_runtime.server.metrics import Metrics
@@ -29,11 +31,11 @@ class ServerState:
     metrics: Metrics
     fetcher: fetching.Fetcher
     engine: core.Engine | None = None
-    #: The vLLM render API's view of the model (served name, context length, pixel hand-off).
-    render_model: vllm_model.ModelFacts | None = None
-    #: Which path renders vLLM render requests and why; the general path's forwarder when it runs.
-    render_path: render_paths.RenderPath | None = None
-    general: vllm_general.GeneralRenderer | None = None
+    #: What the handlers serve with (the engine, the render backend, the model's facts): set once
+    #: everything started.
+    serving: Serving | None = None
+    #: Which path renders vLLM render requests, and why.
+    render_path: choice.RenderPath | None = None
     admission: Admission | None = None
     startup_error: BaseException | None = None
     drain: Drain = dataclasses.field(default_factory=Drain)
@@ -56,11 +58,9 @@ def not_serving_reason(state: ServerState) -> str | None:
         return f"start-up failed: {state.startup_error}"
     if not state.drain.admits:
         return SHUTTING_DOWN
-    if state.engine is None or state.admission is None:
+    if state.serving is None or state.admission is None:
         return "the processor is loading"
-    if state.general is not None and state.render_path is not None and state.render_path.primary == render_paths.GENERAL:
-        return state.general.pool.no_workers_reason
-    return state.engine.pool.no_workers_reason
+    return state.serving.renderer.no_workers_reason
 
 
 def not_ready_reason(state: ServerState) -> str | None:

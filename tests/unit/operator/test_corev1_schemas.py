@@ -14,7 +14,7 @@ import pytest
 from mmprep_operator.api import corev1, structural
 from mmprep_operator.api.status import REASON_PATTERN
 from mmprep_operator.logic.conditions import Reason
-from mmprep_runtime.sizing import Reason as SizingReason
+from mmprep_runtime.sizing import WorkerReason
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "hack" / "corev1-schemas.py"
@@ -93,7 +93,7 @@ def test_the_checker_says_where_and_what() -> None:
 def test_every_reason_the_operator_writes_is_camel_case() -> None:
     import re
 
-    reasons = [v for k, v in vars(Reason).items() if k.isupper()] + [r.value for r in SizingReason]
+    reasons = [v for k, v in vars(Reason).items() if k.isupper()] + [r.value for r in WorkerReason]
     assert reasons
     for reason in reasons:
         assert re.fullmatch(REASON_PATTERN, reason) and reason[0].isupper(), reason

@@ -7,7 +7,7 @@ from conftest import GB300, H100_MIG, H200, gpu_spec, make_node, make_spec, prob
 
 from mmprep_operator.api import WorkerOverride
 from mmprep_operator.logic import decide, pools
-from mmprep_runtime.sizing import Path, Reason
+from mmprep_runtime.sizing import ComputePath, WorkerReason
 
 
 def pool_of(labels=None, gpus=8, spec=None):
@@ -21,26 +21,61 @@ def pool_of(labels=None, gpus=8, spec=None):
     ("spec_fields", "probe_fields", "labels", "path", "workers", "reason"),
     [
         # GPU given, fast processor: the GPU path caps what the model declares.
-        ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, {"declared_workers": 2}, H200, Path.GPU, 1, Reason.GPU_PATH_CAP),
+        (
+            {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {"declared_workers": 2},
+            H200,
+            ComputePath.GPU,
+            1,
+            WorkerReason.GPU_PATH_CAP,
+        ),
         # No GPU given to the pod: CPU path even on a GPU node; the model's number counts there.
-        ({}, {"declared_workers": 3}, H200, Path.CPU, 3, Reason.MODEL_DECLARED),
-        ({}, {}, None, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
+        ({}, {"declared_workers": 3}, H200, ComputePath.CPU, 3, WorkerReason.MODEL_DECLARED),
+        ({}, {}, None, ComputePath.CPU, 2, WorkerReason.CPU_PATH_DEFAULT),
         # PIL backend or device cpu: CPU path although a GPU is given.
-        ({"backend": "pil", "resources": {"limits": {"nvidia.com/gpu": 1}}}, {}, H200, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
-        ({"device": "cpu", "resources": {"limits": {"nvidia.com/gpu": 1}}}, {}, H200, Path.CPU, 2, Reason.CPU_PATH_DEFAULT),
+        (
+            {"backend": "pil", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {},
+            H200,
+            ComputePath.CPU,
+            2,
+            WorkerReason.CPU_PATH_DEFAULT,
+        ),
+        (
+            {"device": "cpu", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {},
+            H200,
+            ComputePath.CPU,
+            2,
+            WorkerReason.CPU_PATH_DEFAULT,
+        ),
         # No fast image processor (e.g. audio): CPU path.
         (
             {"resources": {"limits": {"nvidia.com/gpu": 1}}},
             {"fast_image_processor": False},
             H200,
-            Path.CPU,
+            ComputePath.CPU,
             2,
-            Reason.CPU_PATH_DEFAULT,
+            WorkerReason.CPU_PATH_DEFAULT,
         ),
         # Explicit wins over the GPU cap...
-        ({"resources": {"limits": {"nvidia.com/gpu": 1}}, "workers": {"processor": 3}}, {}, H200, Path.GPU, 3, Reason.EXPLICIT),
+        (
+            {"resources": {"limits": {"nvidia.com/gpu": 1}}, "workers": {"processor": 3}},
+            {},
+            H200,
+            ComputePath.GPU,
+            3,
+            WorkerReason.EXPLICIT,
+        ),
         # ...but not over cloneability.
-        ({"workers": {"processor": 4}}, {"cloneable": False, "error": "boom"}, None, Path.CPU, 1, Reason.NOT_CLONEABLE),
+        (
+            {"workers": {"processor": 4}},
+            {"cloneable": False, "error": "boom"},
+            None,
+            ComputePath.CPU,
+            1,
+            WorkerReason.NOT_CLONEABLE,
+        ),
     ],
 )
 def test_decision_table_through_the_shared_policy(spec_fields, probe_fields, labels, path, workers, reason) -> None:
@@ -66,7 +101,7 @@ def test_io_workers_explicit_else_four() -> None:
 def test_out_of_range_declared_workers_are_ignored_not_fatal() -> None:
     spec = make_spec()
     d = decide.decide_pool(spec, probe_result(declared_workers=0), pool_of(None, 0, spec), [])
-    assert d.decision.reason is Reason.CPU_PATH_DEFAULT
+    assert d.decision.reason is WorkerReason.CPU_PATH_DEFAULT
 
 
 def o(**kw) -> WorkerOverride:
@@ -79,14 +114,14 @@ def test_policy_override_encodes_a_measurement_per_family_and_path() -> None:
     gb300 = pool_of(GB300)
     spec = gpu_spec()
     d = decide.decide_pool(spec, probe_result(), gb300, [h200_cpu, blackwell_gpu])
-    assert (d.decision.reason, d.decision.processor_workers) == (Reason.OVERRIDE, 1)
+    assert (d.decision.reason, d.decision.processor_workers) == (WorkerReason.OVERRIDE, 1)
     assert d.override_source == "policy: gpuFamily=blackwell, path=gpu"
     # The H200 override names the cpu path: on the GPU path it does not apply.
     d = decide.decide_pool(spec, probe_result(), pool_of(H200), [h200_cpu, blackwell_gpu])
-    assert d.decision.reason is Reason.GPU_PATH_CAP and d.override_source is None
+    assert d.decision.reason is WorkerReason.GPU_PATH_CAP and d.override_source is None
     cpu_spec = make_spec()
     d = decide.decide_pool(cpu_spec, probe_result(), pool_of(H200, spec=cpu_spec), [h200_cpu])
-    assert (d.decision.reason, d.decision.processor_workers) == (Reason.OVERRIDE, 4)
+    assert (d.decision.reason, d.decision.processor_workers) == (WorkerReason.OVERRIDE, 4)
 
 
 def test_most_specific_override_wins_and_spec_beats_policy() -> None:
@@ -115,7 +150,7 @@ def test_cpu_pool_matches_no_gpu_override() -> None:
     pool = pool_of(None, 0, spec)
     assert (
         decide.decide_pool(spec, probe_result(), pool, [o(gpuFamily="hopper", processor=9)]).decision.reason
-        is Reason.CPU_PATH_DEFAULT
+        is WorkerReason.CPU_PATH_DEFAULT
     )
 
 

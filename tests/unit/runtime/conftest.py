@@ -1,7 +1,7 @@
 """Shared fixtures of the runtime unit tests: real processor folders, images, audio, and a server
 on a real port with a client of the preprocess API (``start_server``).
 
-Every folder is built once per session with ``mmprep_runtime.testing_models`` (real transformers
+Every folder is built once per session with ``mmprep_runtime.synthetic.models`` (real transformers
 classes, a tokenizer trained with ``tokenizers``) and loaded the way a server loads a hub model.
 """
 
@@ -21,12 +21,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mmprep_runtime import cli, testing_models
+from mmprep_runtime import cli
 from mmprep_runtime.engine import core as engine
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.server.app import create_app
 from mmprep_runtime.settings import Limits, Load, ModelSettings, ServeSettings, serve_settings_from_args
 from mmprep_runtime.sizing import Backend, Device
+from mmprep_runtime.synthetic import models
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,7 +46,7 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., pat
         key = (kind, backend, declared_workers)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"model-{kind}-{backend}")
-            cache[key] = testing_models.make_model(kind, out, backend=backend, declared_workers=declared_workers)
+            cache[key] = models.make_model(kind, out, backend=backend, declared_workers=declared_workers)
         return cache[key]
 
     return make
@@ -169,7 +170,7 @@ async def serve() -> AsyncIterator[Callable[[ServeSettings], Awaitable[Served]]]
 # ---- a server on a real port, and a client of mmprep's preprocess API (the HTTP tests)
 
 TIMEOUT = 60
-QWEN_TEXT = f"Describe {testing_models.QWEN_IMAGE_PLACEHOLDER} please"
+QWEN_TEXT = f"Describe {models.QWEN_IMAGE_PLACEHOLDER} please"
 
 
 def b64(data: bytes) -> str:

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from mmprep_runtime import cli, testing_media
+from mmprep_runtime import cli
 from mmprep_runtime.calibration_report import PROCESSOR_WORKERS, Report
 from mmprep_runtime.commands import calibrate, measuring
 from mmprep_runtime.engine import cpus, decoding, loading
 from mmprep_runtime.settings import ModelSettings
+from mmprep_runtime.synthetic import media
 
 
 def test_calibrate_measures_a_real_curve_and_writes_the_report_as_a_termination_message(qwen_dir, tmp_path, capsys, monkeypatch):
@@ -40,8 +41,8 @@ def test_calibrate_rotates_through_sample_files(llava_dir, tmp_path, capsys, mon
     monkeypatch.setattr(cpus, "usable_cpus", lambda: 1)
     samples = tmp_path / "samples"
     samples.mkdir()
-    (samples / "a.jpg").write_bytes(testing_media.jpeg(200, 150, seed=1))
-    (samples / "b.png").write_bytes(testing_media.png(120, 90, seed=2))
+    (samples / "a.jpg").write_bytes(media.jpeg(200, 150, seed=1))
+    (samples / "b.png").write_bytes(media.png(120, 90, seed=2))
     (samples / "notes.txt").write_text("not an image")
     code = cli.main(["calibrate", "--model", str(llava_dir), "--samples", str(samples), "--duration", "0.3",
                      "--rounds", "1", "--warmup", "0"])  # fmt: skip
@@ -87,7 +88,7 @@ def test_calibrate_of_a_model_that_does_not_load_reports_the_error(uncloneable_d
 
 def test_a_decoding_workload_takes_its_images_in_turn(qwen_dir):
     _processor, facts = loading.load_processor(ModelSettings(str(qwen_dir)))
-    images = (testing_media.jpeg(64, 48, seed=1), testing_media.png(32, 40, seed=2))
+    images = (media.jpeg(64, 48, seed=1), media.png(32, 40, seed=2))
     workload = measuring.build_workload(facts, (8, 8), decode=True, images=images)
     seen: list[tuple[int, int]] = []
 
@@ -140,9 +141,9 @@ def test_the_general_paths_requests_carry_what_the_model_takes(qwen_dir, whisper
 
 def test_an_audio_workload_carries_the_placeholder_its_processor_expands(tmp_path):
     # Qwen2-Audio's processor refuses a clip whose text has no <|AUDIO|>; Whisper's takes none.
-    from mmprep_runtime import testing_models
+    from mmprep_runtime.synthetic import models
 
-    folder = testing_models.make_model("qwen2-audio", tmp_path / "qwen2-audio")
+    folder = models.make_model("qwen2-audio", tmp_path / "qwen2-audio")
     processor, facts = loading.load_processor(ModelSettings(str(folder)))
     assert facts.audio_token == "<|AUDIO|>"
     workload = measuring.build_workload(facts, (8, 8), decode=False)

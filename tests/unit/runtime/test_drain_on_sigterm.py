@@ -21,10 +21,11 @@ from support.kube import wait_for
 from support.load_client import FAILED, NOT_DELIVERED, OK, RETRYABLE, Load
 from support.servers import free_port, runtime_command
 
-from mmprep_runtime import cli, testing_media, testing_models
+from mmprep_runtime import cli
 from mmprep_runtime.server.drain import Drain, Phase
 from mmprep_runtime.settings import SettingsError, serve_settings_from_args
-from mmprep_runtime.testing_media import jpeg
+from mmprep_runtime.synthetic import media, models
+from mmprep_runtime.synthetic.media import jpeg
 
 # ------------------------------------------------------------------------------ the phases
 
@@ -179,8 +180,8 @@ def test_serve_drains_under_load_on_sigterm_with_no_failed_request_and_exits_zer
     # Large images on one worker: these queue behind each other and are in flight at SIGTERM.
     large = json.dumps(
         {
-            "text": f"what is {testing_models.QWEN_IMAGE_PLACEHOLDER}",
-            "images": [base64.b64encode(testing_media.jpeg(1600, 1200)).decode()],
+            "text": f"what is {models.QWEN_IMAGE_PLACEHOLDER}",
+            "images": [base64.b64encode(media.jpeg(1600, 1200)).decode()],
         }
     ).encode()
     url = f"{base}/v1/preprocess"

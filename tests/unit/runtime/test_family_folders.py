@@ -8,18 +8,18 @@ import pathlib
 
 import pytest
 
-from mmprep_runtime import testing_families, testing_models
+from mmprep_runtime.synthetic import families, models
 
 SYSTEM = {"role": "system", "content": [{"type": "text", "text": "Answer in one sentence."}]}
 
 
-@pytest.mark.parametrize("kind", list(testing_families.FAMILIES))
+@pytest.mark.parametrize("kind", list(families.FAMILIES))
 def test_the_folder_loads_and_its_template_places_the_media(kind: str, tmp_path: pathlib.Path) -> None:
     from transformers import AutoProcessor
 
-    folder = testing_models.make_model(kind, tmp_path / kind)
+    folder = models.make_model(kind, tmp_path / kind)
     processor = AutoProcessor.from_pretrained(str(folder))
-    chat = testing_families.FAMILIES[kind].chat
+    chat = families.FAMILIES[kind].chat
     media = {"image": chat.image, "video": chat.video, "audio": chat.audio}
     taken = [modality for modality, placeholder in media.items() if placeholder]
     assert taken, f"{kind} takes no media"

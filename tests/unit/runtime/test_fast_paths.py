@@ -11,15 +11,16 @@ import torch
 from PIL import Image
 from transformers import processing_utils
 
-from mmprep_runtime import cli, settings, testing_models
-from mmprep_runtime.engine import fast_paths, loading, patches
+from mmprep_runtime import cli, settings
+from mmprep_runtime.engine import loading, patches, stand_ins
 from mmprep_runtime.settings import ModelSettings
 from mmprep_runtime.sizing import Backend
+from mmprep_runtime.synthetic import models
 
 MARKER = processing_utils._CONTROL_TOKEN_START
-QWEN = testing_models.QWEN_IMAGE_PLACEHOLDER
-LLAVA = testing_models.LLAVA_IMAGE_TOKEN
-ALL_STAND_INS = {fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS, fast_paths.ENCODE_PLUS}
+QWEN = models.QWEN_IMAGE_PLACEHOLDER
+LLAVA = models.LLAVA_IMAGE_TOKEN
+ALL_STAND_INS = {stand_ins.CHECK_SPECIAL_MM_TOKENS, stand_ins.CREATE_MM_TOKEN_TYPE_IDS, stand_ins.ENCODE_PLUS}
 
 
 def _serve_args(*extra: str):
@@ -63,7 +64,7 @@ def test_outputs_are_identical_with_and_without_the_stand_ins(model_factory, kin
     library, library_facts = _load(folder, fast=False)
     fast, fast_facts = _load(folder, fast=True)
     assert library_facts.fast_paths == () and fast_facts.fast_paths, "the switch decides, and the facts say so"
-    assert fast_paths.applied(library) == ()
+    assert stand_ins.applied(library) == ()
     text = [t.format(placeholder) for t in texts]
     images = [_image(96 + 32 * i, 80, seed=i) for i, t in enumerate(texts) for _ in range(t.count("{0}"))]
     kwargs = {"text": text if len(text) > 1 else text[0], "images": images, "return_tensors": "pt"}
@@ -76,13 +77,13 @@ def test_a_deep_copy_carries_stand_ins_bound_to_the_copy(qwen_dir):
     processor, facts = _load(qwen_dir, fast=True)
     assert set(facts.fast_paths) == ALL_STAND_INS
     clone = copy.deepcopy(processor)
-    assert fast_paths.applied(clone) == facts.fast_paths
-    for name in (fast_paths.CHECK_SPECIAL_MM_TOKENS, fast_paths.CREATE_MM_TOKEN_TYPE_IDS):
+    assert stand_ins.applied(clone) == facts.fast_paths
+    for name in (stand_ins.CHECK_SPECIAL_MM_TOKENS, stand_ins.CREATE_MM_TOKEN_TYPE_IDS):
         assert getattr(clone, name).__self__ is clone
         assert getattr(processor, name).__self__ is processor
     assert clone.tokenizer is not processor.tokenizer
-    assert getattr(clone.tokenizer, fast_paths.ENCODE_PLUS).__self__ is clone.tokenizer
-    assert getattr(processor.tokenizer, fast_paths.ENCODE_PLUS).__self__ is processor.tokenizer
+    assert getattr(clone.tokenizer, stand_ins.ENCODE_PLUS).__self__ is clone.tokenizer
+    assert getattr(processor.tokenizer, stand_ins.ENCODE_PLUS).__self__ is processor.tokenizer
     repr(clone)  # the processor still serializes its config (repr builds the JSON)
 
 
@@ -147,9 +148,9 @@ def test_a_class_with_its_own_steps_keeps_them():
             return "own"
 
     processor = object.__new__(OwnSteps)
-    assert fast_paths.apply(processor) == (fast_paths.CREATE_MM_TOKEN_TYPE_IDS,)
+    assert stand_ins.apply(processor) == (stand_ins.CREATE_MM_TOKEN_TYPE_IDS,)
     assert processor._check_special_mm_tokens([], {}, []) == "own"
-    assert fast_paths.apply(object()) == (), "not a transformers processor: nothing to bind"
+    assert stand_ins.apply(object()) == (), "not a transformers processor: nothing to bind"
 
 
 def test_the_switch_comes_from_the_flag_then_the_env():
@@ -164,7 +165,7 @@ def test_the_switch_comes_from_the_flag_then_the_env():
 def test_the_info_lists_the_stand_ins_in_use(started, qwen_dir, tokenizer_dir):
     assert set(started(qwen_dir).info()["fast_paths"]) == ALL_STAND_INS
     # A bare tokenizer is no ProcessorMixin, but it is its own tokenizer.
-    assert started(tokenizer_dir).info()["fast_paths"] == [fast_paths.ENCODE_PLUS]
+    assert started(tokenizer_dir).info()["fast_paths"] == [stand_ins.ENCODE_PLUS]
 
 
 TOKENIZER_CALLS = {
@@ -184,7 +185,7 @@ def test_the_tokenizer_stand_in_gives_the_library_tensors(qwen_dir, tokenizer_di
         library, _ = _load(folder, fast=False)
         fast, _ = _load(folder, fast=True)
         library, fast = patches.tokenizer_of(library), patches.tokenizer_of(fast)  # a bare tokenizer is its own
-        assert fast_paths.ENCODE_PLUS in vars(fast) and fast_paths.ENCODE_PLUS not in vars(library)
+        assert stand_ins.ENCODE_PLUS in vars(fast) and stand_ins.ENCODE_PLUS not in vars(library)
         text = texts.format(QWEN) if isinstance(texts, str) else [t.format(QWEN) for t in texts]
         _same_outputs(library(text, return_tensors="pt", **extra), fast(text, return_tensors="pt", **extra))
 

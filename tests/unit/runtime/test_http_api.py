@@ -17,9 +17,9 @@ from conftest import QWEN_TEXT, b64
 from mmprep_runtime.engine import core as engine_module
 from mmprep_runtime.settings import Limits
 from mmprep_runtime.sizing import Backend
-from mmprep_runtime.testing_media import jpeg as jpeg_bytes
-from mmprep_runtime.testing_media import png as png_bytes
-from mmprep_runtime.testing_media import wav as wav_bytes
+from mmprep_runtime.synthetic.media import jpeg as jpeg_bytes
+from mmprep_runtime.synthetic.media import png as png_bytes
+from mmprep_runtime.synthetic.media import wav as wav_bytes
 
 
 async def test_qwen_end_to_end_json_and_safetensors(start_server, qwen_dir):

@@ -17,8 +17,8 @@ from conftest import QWEN_TEXT, TIMEOUT, b64
 from mmprep_runtime.contract import PoolDecisionEnv
 from mmprep_runtime.engine import pipeline
 from mmprep_runtime.settings import Load
-from mmprep_runtime.sizing import Path, Reason
-from mmprep_runtime.testing_media import jpeg as jpeg_bytes
+from mmprep_runtime.sizing import ComputePath, WorkerReason
+from mmprep_runtime.synthetic.media import jpeg as jpeg_bytes
 
 
 async def test_a_full_queue_answers_429_with_retry_after(start_server, qwen_dir):
@@ -104,16 +104,16 @@ async def test_an_uncloneable_processor_serves_on_one_worker_and_reports_it(star
     assert "mmprep_processor_cloneable 0.0" in metrics and 'reason="NotCloneable"' in metrics
 
 
-def _operator_env(pool: str, workers: int, reason: Reason) -> dict[str, str]:
+def _operator_env(pool: str, workers: int, reason: WorkerReason) -> dict[str, str]:
     """The env the operator writes into a pool's pods (its own rendering of the decision)."""
-    carried = PoolDecisionEnv(pool, Path.CPU, workers, 2, reason)
+    carried = PoolDecisionEnv(pool, ComputePath.CPU, workers, 2, reason)
     return {e["name"]: e["value"] for e in carried.to_env()}
 
 
 async def test_the_pod_reports_the_operators_pool_and_reason(start_server, qwen_dir):
     """A pod the operator started says what the resource's status says: the pool's reason, not
     ``Explicit`` for the count it was handed."""
-    running = await start_server(qwen_dir, environ=_operator_env("nvidia-h200", 2, Reason.MEASURED))
+    running = await start_server(qwen_dir, environ=_operator_env("nvidia-h200", 2, WorkerReason.MEASURED))
     status, info = await running.json("/v1/info")
     assert status == 200
     assert info["pool"] == "nvidia-h200"
@@ -126,7 +126,7 @@ async def test_the_pod_reports_the_operators_pool_and_reason(start_server, qwen_
 
 async def test_a_cap_the_pod_finds_itself_beats_the_operators_reason(start_server, uncloneable_dir):
     running = await start_server(
-        uncloneable_dir, trust_remote_code=True, environ=_operator_env("cpu", 2, Reason.CPU_PATH_DEFAULT)
+        uncloneable_dir, trust_remote_code=True, environ=_operator_env("cpu", 2, WorkerReason.CPU_PATH_DEFAULT)
     )
     _status, info = await running.json("/v1/info")
     assert (info["pool"], info["workers"]["processor"], info["workers"]["reason"]) == ("cpu", 1, "NotCloneable")

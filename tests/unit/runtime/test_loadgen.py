@@ -13,7 +13,7 @@ from pathlib import Path
 
 from support.servers import free_port, runtime_command
 
-from mmprep_runtime import testing_models
+from mmprep_runtime.synthetic import models
 
 LOADGEN = Path(__file__).resolve().parents[3] / "benchmarks" / "autoscale" / "loadgen.py"
 
@@ -44,7 +44,7 @@ def test_every_request_sent_is_counted_once_served_or_failed(qwen_dir: Path) -> 
             except OSError:
                 assert time.monotonic() < deadline and server.poll() is None, "the runtime never got ready"
                 time.sleep(0.2)
-        text = f"{testing_models.QWEN_IMAGE_PLACEHOLDER}describe"
+        text = f"{models.QWEN_IMAGE_PLACEHOLDER}describe"
         url = f"http://127.0.0.1:{port}/v1/preprocess"
         seconds, summary = run_loadgen(url, "--schedule", "0:4,1:8", "--duration", "3", "--text", text, "--image-side", "64")
         assert summary["sent"] == sum(s["sent"] for s in seconds) >= 10

@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from mmprep_runtime import cli, declared, testing_models
+from mmprep_runtime import cli, declared
+from mmprep_runtime.synthetic import models
 
 
 def _load(folder: pathlib.Path, *, trust_remote_code: bool = False):
@@ -42,7 +43,7 @@ def test_uncloneable_kind_needs_remote_code_and_refuses_deepcopy(uncloneable_dir
     with pytest.raises(ValueError, match="custom code"):
         _load(uncloneable_dir)
     processor = _load(uncloneable_dir, trust_remote_code=True)
-    assert type(processor).__name__ == testing_models.UNCLONEABLE_CLASS
+    assert type(processor).__name__ == models.UNCLONEABLE_CLASS
     with pytest.raises(TypeError, match="cannot be copied"):
         copy.deepcopy(processor)
 
@@ -52,7 +53,7 @@ def test_qwen_processor_expands_the_image_placeholder(qwen_dir):
 
     processor = _load(qwen_dir)
     out = processor(
-        text=f"look {testing_models.QWEN_IMAGE_PLACEHOLDER}",
+        text=f"look {models.QWEN_IMAGE_PLACEHOLDER}",
         images=[Image.new("RGB", (112, 112))],
         return_tensors="pt",
     )
@@ -61,7 +62,7 @@ def test_qwen_processor_expands_the_image_placeholder(qwen_dir):
 
 
 def test_declared_workers_land_in_the_sidecar(tmp_path):
-    out = testing_models.make_model("llava", tmp_path / "m", declared_workers=5)
+    out = models.make_model("llava", tmp_path / "m", declared_workers=5)
     assert json.loads((out / declared.SIDECAR_NAME).read_text()) == {declared.SIDECAR_KEY: 5}
     assert declared.declaration_of(out, "LlavaProcessor").processor_workers == 5
 
@@ -83,7 +84,7 @@ def test_cli_refuses_an_unknown_kind_and_a_non_empty_folder(tmp_path, capsys):
 
 
 def test_a_model_declares_thread_safety_and_io_workers_in_its_sidecar(tmp_path):
-    out = testing_models.make_model("llava", tmp_path / "m", declared_io_workers=6, thread_safe=False)
+    out = models.make_model("llava", tmp_path / "m", declared_io_workers=6, thread_safe=False)
     assert json.loads((out / declared.SIDECAR_NAME).read_text()) == {"io_workers": 6, "thread_safe": False}
     assert declared.declaration_of(out, "LlavaProcessor") == declared.Declaration(None, 6, False)
     # The built-in count still applies where the sidecar names none.

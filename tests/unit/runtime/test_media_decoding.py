@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmprep_runtime import errors, testing_media
+from mmprep_runtime import errors
 from mmprep_runtime.engine import decoding
+from mmprep_runtime.synthetic import media
 
 
 def test_a_data_url_is_accepted_like_plain_base64():
-    raw = testing_media.png(8, 8)
+    raw = media.png(8, 8)
     assert decoding.b64decode("data:image/png;base64," + base64.b64encode(raw).decode(), "x") == raw
 
 
@@ -28,7 +29,7 @@ def test_a_grayscale_png_comes_back_as_rgb():
 
 def test_the_pixel_cap_is_checked_before_decoding():
     with pytest.raises(errors.MediaTooLarge, match="images\\[3\\] is 10x6 = 60 pixels, over the limit of 59"):
-        decoding.decode_image(testing_media.png(10, 6), "images[3]", max_pixels=59)
+        decoding.decode_image(media.png(10, 6), "images[3]", max_pixels=59)
 
 
 def test_an_image_format_outside_the_allowed_list_is_refused():
@@ -57,7 +58,7 @@ def test_stereo_8_bit_audio_is_mixed_down_and_resampled():
 
 def test_audio_over_the_duration_cap_is_refused():
     with pytest.raises(errors.MediaTooLarge, match=r"lasts 2\.0 s"):
-        decoding.decode_wav(testing_media.wav(2.0), "audio[0]", target_rate=16000, max_seconds=1)
+        decoding.decode_wav(media.wav(2.0), "audio[0]", target_rate=16000, max_seconds=1)
 
 
 def test_bytes_that_are_not_wav_are_refused():
@@ -70,7 +71,7 @@ def test_24_bit_audio_is_refused_with_the_supported_widths():
         decoding.decode_wav(_wav(np.zeros(30, dtype=np.uint8), 16000, 3), "audio[0]", target_rate=16000, max_seconds=5)
 
 
-@pytest.mark.parametrize("encode", [testing_media.jpeg, testing_media.png])
+@pytest.mark.parametrize("encode", [media.jpeg, media.png])
 def test_every_layout_gives_the_same_pixels_as_pil(encode):
     import torch
 
@@ -81,7 +82,7 @@ def test_every_layout_gives_the_same_pixels_as_pil(encode):
     assert tensor.dtype == torch.uint8 and tuple(tensor.shape) == (3, 30, 40)
     assert torch.equal(tensor, torch.from_numpy(hwc).permute(2, 0, 1))
     array = decoding.decode_image(data, "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.ARRAY)
-    if encode is testing_media.jpeg:
+    if encode is media.jpeg:
         assert isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.flags.c_contiguous
         assert np.array_equal(array, hwc)
     else:  # only JPEGs skip PIL: anything else reaches the processor as the PIL image it was decoded to
@@ -92,12 +93,12 @@ def test_every_layout_gives_the_same_pixels_as_pil(encode):
 
 def test_a_jpeg_with_a_side_a_channel_count_could_be_stays_a_pil_image():
     # HWC (4, 40, 3): a processor could take the 4 rows for RGBA channels.
-    image = decoding.decode_image(testing_media.jpeg(40, 4), "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.ARRAY)
+    image = decoding.decode_image(media.jpeg(40, 4), "images[0]", max_pixels=10_000, layout=decoding.ImageLayout.ARRAY)
     assert isinstance(image, Image.Image) and image.size == (40, 4)
 
 
 @pytest.mark.parametrize("layout", [decoding.ImageLayout.TENSOR, decoding.ImageLayout.ARRAY])
 def test_a_truncated_jpeg_is_refused_by_the_tensor_decoder_too(layout):
-    data = testing_media.jpeg(200, 150)
+    data = media.jpeg(200, 150)
     with pytest.raises(errors.BadMedia, match=r"images\[1\] could not be decoded: .*truncated"):
         decoding.decode_image(data[: len(data) // 2], "images[1]", max_pixels=10**6, layout=layout)

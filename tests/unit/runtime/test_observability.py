@@ -21,7 +21,7 @@ from mmprep_runtime import cli
 from mmprep_runtime.commands import serve as serve_command
 from mmprep_runtime.server import logs as server_logs
 from mmprep_runtime.settings import SettingsError
-from mmprep_runtime.testing_media import jpeg as jpeg_bytes
+from mmprep_runtime.synthetic.media import jpeg as jpeg_bytes
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
 

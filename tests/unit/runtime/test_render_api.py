@@ -19,10 +19,10 @@ import pytest
 from aiohttp import web
 from conftest import Served
 
-from mmprep_runtime import testing_media
 from mmprep_runtime.server import state as server_state
 from mmprep_runtime.settings import FetchSettings, Limits, ModelSettings, RenderSettings, ServeSettings, parse_networks
 from mmprep_runtime.sizing import Device
+from mmprep_runtime.synthetic import media
 
 
 def _data_uri(data: bytes, media_type: str = "image/jpeg") -> str:
@@ -59,7 +59,7 @@ class Running(Served):
 @pytest.fixture
 async def images() -> AsyncIterator[str]:
     """Image URLs that succeed and fail in every way the issue lists."""
-    photo = testing_media.jpeg(96, 64, seed=5)
+    photo = media.jpeg(96, 64, seed=5)
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(body=photo, content_type="image/jpeg")
@@ -119,7 +119,7 @@ async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qw
     running = await start_render(qwen_dir)
     status, answer = await running.render(
         _chat(
-            _image(_data_uri(testing_media.jpeg(112, 84))),
+            _image(_data_uri(media.jpeg(112, 84))),
             TEXT,
         ),
     )
@@ -129,7 +129,7 @@ async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qw
     (placeholder,) = features["mm_placeholders"]["image"]
     assert placeholder["length"] == 12  # 112x84 -> 8x6 patches of 14 -> 48 / 2x2 merge
     assert set(answer["token_ids"][placeholder["offset"] : placeholder["offset"] + 12]) == {
-        running.app[server_state.STATE].render_model.image_token_id
+        running.app[server_state.STATE].serving.model.image_token_id
     }
     (item,) = features["kwargs_data"]["image"]
     decoded = _decode_item(item)
@@ -143,7 +143,7 @@ async def test_a_chat_with_one_image_renders_a_generate_request(start_render, qw
 async def test_an_image_hashes_the_same_in_both_pixel_modes(start_render, qwen_dir):
     uint8 = await start_render(qwen_dir)
     normalized = await start_render(qwen_dir, normalized=True)
-    body = _chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT)
+    body = _chat(_image(_data_uri(media.jpeg(56, 56))), TEXT)
     first, second = (await uint8.render(body))[1], (await uint8.render(body))[1]
     other = (await normalized.render(body))[1]
     assert first["features"]["mm_hashes"] == second["features"]["mm_hashes"]
@@ -186,7 +186,7 @@ def _bad_inputs(images: str) -> list[tuple[str, Any, int, str]]:
         ("an image_url without a url", _chat({"type": "image_url", "image_url": {}}), 400, "'url'"),
         (
             "more images than the placeholders",
-            _chat(_image(_data_uri(testing_media.jpeg())), {"type": "text", "text": "x <|image_pad|>"}),
+            _chat(_image(_data_uri(media.jpeg())), {"type": "text", "text": "x <|image_pad|>"}),
             400,
             "reserved image placeholder",
         ),
@@ -241,7 +241,7 @@ async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
     running = await start_render(qwen_dir)
     body = {
         "text": "look <|vision_start|><|image_pad|><|vision_end|>",
-        "images": [base64.b64encode(testing_media.jpeg(56, 56)).decode()],
+        "images": [base64.b64encode(media.jpeg(56, 56)).decode()],
     }
     async with running.client.post(running.url + "/v1/preprocess?pixels=uint8", json=body) as response:
         answer = await response.json()
@@ -252,7 +252,7 @@ async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
 
 async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(start_render, llava_dir):
     running = await start_render(llava_dir)
-    status, answer = await running.render(_chat(_image(_data_uri(testing_media.jpeg(56, 56))), TEXT))
+    status, answer = await running.render(_chat(_image(_data_uri(media.jpeg(56, 56))), TEXT))
     assert status == 400 and "renders images for" in answer["error"]["message"], answer
     status, answer = await running.render(_chat(TEXT))
     assert status == 400 and "no chat template" in answer["error"]["message"], answer

@@ -1,5 +1,5 @@
-"""The render path's choice (``apis.render_paths``), its settings, and what the general path does
-in front of vLLM (``apis.vllm_general``: media URLs fetched under mmprep's rules and inlined)."""
+"""The render path's choice (``backends.choice``), its settings, and what the general path does
+in front of vLLM (``backends.vllm.forwarding``: media URLs fetched under mmprep's rules and inlined)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, render_paths, vllm_general
-from mmprep_runtime.engine import vllm_pool
-from mmprep_runtime.engine.vllm_pool import vllm_options
+from mmprep_runtime.backends import choice
+from mmprep_runtime.backends.vllm import forwarding, worker_pool
+from mmprep_runtime.backends.vllm.worker_pool import vllm_options
+from mmprep_runtime.httpio import fetching
 from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError, render_settings_from_args
 
 
@@ -35,19 +36,19 @@ from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError
 def test_the_path_follows_the_family_and_what_is_installed(
     setting: str, processor: str, vllm: str | None, primary: str, fallback: bool
 ) -> None:
-    path = render_paths.choose(setting, processor, vllm)
+    path = choice.choose(setting, processor, vllm)
     assert (path.primary, path.general_fallback) == (primary, fallback)
     assert processor in path.reason or setting != "auto"
     assert path.needs_general == (primary == "general" or fallback)
 
 
 def test_the_general_path_without_vllm_is_refused_with_the_way_out() -> None:
-    with pytest.raises(render_paths.NoRenderPath, match=r"mmprep\[vllm\]"):
-        render_paths.choose("general", "Gemma3Processor", None)
+    with pytest.raises(choice.NoRenderPath, match=r"mmprep\[vllm\]"):
+        choice.choose("general", "Gemma3Processor", None)
 
 
 def test_a_family_without_a_native_path_and_no_vllm_says_what_it_serves() -> None:
-    assert "text only" in render_paths.choose("auto", "Idefics3Processor", None).reason
+    assert "text only" in choice.choose("auto", "Idefics3Processor", None).reason
 
 
 def _args(**values: Any) -> argparse.Namespace:
@@ -119,7 +120,7 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
         {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
     )
-    out = json.loads(asyncio.run(vllm_general.prepare(body, fetcher))[0])
+    out = json.loads(asyncio.run(forwarding.prepare(body, fetcher))[0])
     urls = [p[p["type"]]["url"] for p in out["messages"][0]["content"] if p["type"] != "text"]
     assert urls == [
         "data:application/octet-stream;base64," + base64.b64encode(b"JPEG").decode(),
@@ -131,15 +132,15 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
 
 def test_a_body_without_urls_goes_on_byte_for_byte() -> None:
     body = _chat({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
-    sent, parsed = asyncio.run(vllm_general.prepare(body, _FakeFetcher({})))
+    sent, parsed = asyncio.run(forwarding.prepare(body, _FakeFetcher({})))
     assert sent is body and parsed == json.loads(body)
-    assert asyncio.run(vllm_general.prepare(b"{not json http", _FakeFetcher({}))) == (b"{not json http", None)
+    assert asyncio.run(forwarding.prepare(b"{not json http", _FakeFetcher({}))) == (b"{not json http", None)
 
 
 def test_a_private_address_is_refused_before_vllm_sees_it() -> None:
     body = _chat({"type": "audio_url", "audio_url": {"url": "http://169.254.169.254/latest/meta-data"}})
     with pytest.raises(errors.RequestError, match="not a public address"):
-        asyncio.run(vllm_general.prepare(body, _FakeFetcher({})))
+        asyncio.run(forwarding.prepare(body, _FakeFetcher({})))
 
 
 def test_a_url_spelled_with_json_escapes_is_fetched_here_too() -> None:
@@ -148,10 +149,10 @@ def test_a_url_spelled_with_json_escapes_is_fetched_here_too() -> None:
     escaped = body.replace(b'"http://', b'"\\u0068ttp\\u003a//')
     assert b"http" not in escaped and json.loads(escaped) == json.loads(body)
     with pytest.raises(errors.RequestError, match="not a public address"):
-        asyncio.run(vllm_general.prepare(escaped, _FakeFetcher({})))
+        asyncio.run(forwarding.prepare(escaped, _FakeFetcher({})))
     fetcher = _FakeFetcher({"https://example.com/a.jpg": b"JPEG"})
     public = _chat({"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}).replace(b'"https', b'"\\u0068ttps')
-    out = json.loads(asyncio.run(vllm_general.prepare(public, fetcher))[0])
+    out = json.loads(asyncio.run(forwarding.prepare(public, fetcher))[0])
     assert out["messages"][0]["content"][0]["image_url"]["url"].startswith("data:") and fetcher.fetched == [
         "https://example.com/a.jpg"
     ]
@@ -163,8 +164,8 @@ def _audio_body(*parts: dict[str, Any]) -> bytes:
 
 def _after_vllm(status: int, body: bytes, fetcher: Any = None) -> None:
     """What the front does with vLLM's answer ``status`` to ``body``: returns when it passes on."""
-    _, parsed = asyncio.run(vllm_general.prepare(body, fetcher or _FakeFetcher({})))
-    vllm_general.check_server_error(status, parsed)
+    _, parsed = asyncio.run(forwarding.prepare(body, fetcher or _FakeFetcher({})))
+    forwarding.check_server_error(status, parsed)
 
 
 def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_naming_the_part(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +177,7 @@ def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_naming_the_part(mo
         seen.append(clip)
         return "No 'data' chunk marker" if clip.startswith(b"BAD") else None
 
-    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", problem)
+    monkeypatch.setattr(forwarding.decoding, "audio_decode_problem", problem)
     good = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF ok").decode(), "format": "wav"}}
     bad_url = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + base64.b64encode(b"BAD").decode()}}
     # An answer vLLM rendered needs no second opinion: no clip is opened.
@@ -190,7 +191,7 @@ def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_naming_the_part(mo
 
 
 def test_a_fetched_audio_url_is_checked_once_inlined(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
+    monkeypatch.setattr(forwarding.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
     fetcher = _FakeFetcher({"https://example.com/a.wav": b"BAD"})
     body = _audio_body({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}})
     with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[0\]\.audio_url: the audio cannot be decoded: truncated"):
@@ -199,7 +200,7 @@ def test_a_fetched_audio_url_is_checked_once_inlined(monkeypatch: pytest.MonkeyP
 
 
 def test_audio_the_check_cannot_read_is_left_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "never called")
+    monkeypatch.setattr(forwarding.decoding, "audio_decode_problem", lambda clip: "never called")
     # Not base64, a data URI that is not base64, no audio at all, not JSON: vLLM's own answer stands.
     for body in (
         _audio_body({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}),
@@ -212,20 +213,20 @@ def test_audio_the_check_cannot_read_is_left_to_vllm(monkeypatch: pytest.MonkeyP
 
 def test_without_an_audio_decoder_installed_nothing_is_refused() -> None:
     # This virtualenv has neither soundfile nor PyAV (vLLM's does): the check stands aside.
-    assert vllm_general.decoding.audio_decode_problem(b"definitely not audio") is None
+    assert forwarding.decoding.audio_decode_problem(b"definitely not audio") is None
 
 
 def test_the_render_sockets_go_where_their_paths_fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     # A deep temp folder (an emptyDir mounted under a long path) would fail vLLM's bind.
     deep = tmp_path / ("d" * 90)
     deep.mkdir()
-    monkeypatch.setattr(vllm_pool.tempfile, "tempdir", str(deep))
-    made = vllm_pool._socket_dir(processes=4)
+    monkeypatch.setattr(worker_pool.tempfile, "tempdir", str(deep))
+    made = worker_pool._socket_dir(processes=4)
     try:
         assert not made.startswith(str(deep)) and len(os.path.join(made, "w3.sock")) <= 107, made
     finally:
         os.rmdir(made)
     shallow = tmp_path / "s"
     shallow.mkdir()
-    monkeypatch.setattr(vllm_pool.tempfile, "tempdir", str(shallow))
-    assert vllm_pool._socket_dir(processes=4).startswith(str(shallow))
+    monkeypatch.setattr(worker_pool.tempfile, "tempdir", str(shallow))
+    assert worker_pool._socket_dir(processes=4).startswith(str(shallow))

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from mmprep_runtime import errors, testing_models
+from mmprep_runtime import errors
 from mmprep_runtime.settings import Load, ModelSettings, ServeSettings
 from mmprep_runtime.sizing import Device
-from mmprep_runtime.testing_media import jpeg
+from mmprep_runtime.synthetic import models
+from mmprep_runtime.synthetic.media import jpeg
 
 TIMEOUT = 60
 
@@ -44,7 +45,7 @@ def test_an_error_class_defined_after_the_first_answer_still_has_its_class() -> 
     # fetching defines its own errors: a table built at the first answer must not miss them.
     script = (
         "from mmprep_runtime import errors; assert errors.outcome_class('bad_media') == 'client_error'; "
-        "from mmprep_runtime.apis import fetching; "
+        "from mmprep_runtime.httpio import fetching; "
         "print(errors.outcome_class(fetching.FetchRefused.code), errors.outcome_class(fetching.FetchTimedOut.code))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=True)
@@ -87,7 +88,7 @@ async def test_rejections_and_bad_input_do_not_land_in_the_served_latency(qwen_d
     )
     served = await serve(settings)
     state, url = served.state, served.url
-    good = json.dumps({"text": f"a {testing_models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(56, 56)).decode()]})
+    good = json.dumps({"text": f"a {models.QWEN_IMAGE_PLACEHOLDER}", "images": [base64.b64encode(jpeg(56, 56)).decode()]})
     release = threading.Event()
     client = served.client
     try:

@@ -65,10 +65,10 @@ def test_too_many_images_are_refused_before_decoding():
 def test_the_pixels_of_all_images_together_are_capped():
     import base64
 
-    from mmprep_runtime import testing_media
     from mmprep_runtime.settings import Limits
+    from mmprep_runtime.synthetic import media
 
-    image = base64.b64encode(testing_media.png(100, 100)).decode()
+    image = base64.b64encode(media.png(100, 100)).decode()
     body = json.dumps({"text": "", "images": [image, image, image]}).encode()
     facts = _facts(image_processor_class="I")
     assert len(pipeline.decode_request(body, facts, Limits(max_request_pixels=30_000)).images) == 3
@@ -89,19 +89,19 @@ def test_the_layout_images_are_decoded_to_changes_nothing_in_the_answer(model_fa
 
     import torch
 
-    from mmprep_runtime import testing_media, testing_models
     from mmprep_runtime.engine import decoding
     from mmprep_runtime.settings import Limits
+    from mmprep_runtime.synthetic import media, models
 
     processor, facts = loading.load_processor(ModelSettings(str(model_factory(kind, backend=backend))))
     expected_layout = decoding.ImageLayout.ARRAY if backend == "pil" else decoding.ImageLayout.TENSOR
     assert facts.image_layout is expected_layout
-    token = testing_models.QWEN_IMAGE_PLACEHOLDER if kind == "qwen2-vl" else testing_models.LLAVA_IMAGE_TOKEN
+    token = models.QWEN_IMAGE_PLACEHOLDER if kind == "qwen2-vl" else models.LLAVA_IMAGE_TOKEN
     body = {
         "text": f"first {token} then {token}",
         "images": [
-            base64.b64encode(testing_media.jpeg(120, 90, seed=3)).decode(),
-            base64.b64encode(testing_media.png(64, 48)).decode(),
+            base64.b64encode(media.jpeg(120, 90, seed=3)).decode(),
+            base64.b64encode(media.png(64, 48)).decode(),
         ],
     }
     request = pipeline.decode_request(json.dumps(body).encode(), facts, Limits())

@@ -15,10 +15,11 @@ import urllib.request
 import pytest
 from support.servers import free_port, runtime_command
 
-from mmprep_runtime import cli, exits, testing_media, testing_models
+from mmprep_runtime import cli, exits
 from mmprep_runtime.commands import bench, probe
 from mmprep_runtime.contract import ProbeAnswer
 from mmprep_runtime.settings import ModelSettings
+from mmprep_runtime.synthetic import media, models
 
 TIMEOUT = 120
 
@@ -80,8 +81,8 @@ def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
         assert json.loads(info)["event_loop"] == "uvloop"
         # Large images on one worker: the requests queue behind each other for a while.
         payload = {
-            "text": f"what is {testing_models.QWEN_IMAGE_PLACEHOLDER}",
-            "images": [base64.b64encode(testing_media.jpeg(1600, 1200)).decode()],
+            "text": f"what is {models.QWEN_IMAGE_PLACEHOLDER}",
+            "images": [base64.b64encode(media.jpeg(1600, 1200)).decode()],
         }
         with concurrent.futures.ThreadPoolExecutor(4) as clients:
             answers = [clients.submit(_post, f"{base}/v1/preprocess", payload) for _ in range(4)]
@@ -153,7 +154,7 @@ def test_probe_of_an_uncloneable_processor_answers_with_exit_zero(uncloneable_di
     assert code == 0
     answer = json.loads(log.read_text())
     assert answer["cloneable"] is False and "cannot be copied" in answer["error"]
-    assert answer["processor_class"] == testing_models.UNCLONEABLE_CLASS
+    assert answer["processor_class"] == models.UNCLONEABLE_CLASS
 
 
 def test_probe_of_a_model_that_cannot_load_exits_non_zero_with_the_error(uncloneable_dir, tmp_path):

@@ -11,26 +11,26 @@ from mmprep_runtime.engine import core as engine
 from mmprep_runtime.engine import cpus, cuda, loading
 from mmprep_runtime.exits import ModelLoadError
 from mmprep_runtime.settings import ModelSettings
-from mmprep_runtime.sizing import Backend, Device, Path, Reason
+from mmprep_runtime.sizing import Backend, ComputePath, Device, WorkerReason
 
 
 def test_a_cpu_processor_without_declaration_gets_the_cpu_default(started, llava_dir):
     running = started(llava_dir)
-    assert (running.decision.path, running.decision.processor_workers) == (Path.CPU, 2)
-    assert running.decision.reason is Reason.CPU_PATH_DEFAULT
+    assert (running.decision.path, running.decision.processor_workers) == (ComputePath.CPU, 2)
+    assert running.decision.reason is WorkerReason.CPU_PATH_DEFAULT
     assert running.pool.workers == 2 and len(running.pool.clone_seconds) == 2, "warm before ready"
 
 
 def test_a_declared_count_is_used_on_the_cpu_path(started, model_factory):
     running = started(model_factory("llava", declared_workers=5))
     assert running.decision.processor_workers == 5
-    assert running.decision.reason is Reason.MODEL_DECLARED
+    assert running.decision.reason is WorkerReason.MODEL_DECLARED
     assert running.intra_op_threads == max(1, cpus.usable_cpus() // 5)
 
 
 def test_an_explicit_count_wins_over_the_declaration(started, model_factory):
     running = started(model_factory("llava", declared_workers=5), processor_workers=3, io_workers=2)
-    assert (running.decision.processor_workers, running.decision.reason) == (3, Reason.EXPLICIT)
+    assert (running.decision.processor_workers, running.decision.reason) == (3, WorkerReason.EXPLICIT)
     assert running.decision.io_workers == 2
 
 
@@ -85,15 +85,15 @@ def _decide(*, gpu: bool, backend: str = "torchvision", fast: bool = True, decla
 @pytest.mark.parametrize(
     ("case", "kwargs", "workers", "reason"),
     [
-        ("CPU, nothing declared", {"gpu": False}, 2, Reason.CPU_PATH_DEFAULT),
-        ("CUDA, nothing declared", {"gpu": True}, 1, Reason.GPU_PATH_CAP),
-        ("CUDA but PIL backend", {"gpu": True, "backend": "pil", "fast": False}, 2, Reason.CPU_PATH_DEFAULT),
-        ("CUDA, audio processor", {"gpu": True, "backend": "auto", "fast": False}, 2, Reason.CPU_PATH_DEFAULT),
-        ("CPU, declared 5", {"gpu": False, "declared": 5}, 5, Reason.MODEL_DECLARED),
-        ("CUDA, declared 5", {"gpu": True, "declared": 5}, 1, Reason.GPU_PATH_CAP),
-        ("explicit beats the GPU path", {"gpu": True, "declared": 5, "explicit": 3}, 3, Reason.EXPLICIT),
-        ("explicit beats a declaration", {"gpu": False, "declared": 5, "explicit": 3}, 3, Reason.EXPLICIT),
-        ("not cloneable caps explicit", {"gpu": False, "explicit": 3, "cloneable": False}, 1, Reason.NOT_CLONEABLE),
+        ("CPU, nothing declared", {"gpu": False}, 2, WorkerReason.CPU_PATH_DEFAULT),
+        ("CUDA, nothing declared", {"gpu": True}, 1, WorkerReason.GPU_PATH_CAP),
+        ("CUDA but PIL backend", {"gpu": True, "backend": "pil", "fast": False}, 2, WorkerReason.CPU_PATH_DEFAULT),
+        ("CUDA, audio processor", {"gpu": True, "backend": "auto", "fast": False}, 2, WorkerReason.CPU_PATH_DEFAULT),
+        ("CPU, declared 5", {"gpu": False, "declared": 5}, 5, WorkerReason.MODEL_DECLARED),
+        ("CUDA, declared 5", {"gpu": True, "declared": 5}, 1, WorkerReason.GPU_PATH_CAP),
+        ("explicit beats the GPU path", {"gpu": True, "declared": 5, "explicit": 3}, 3, WorkerReason.EXPLICIT),
+        ("explicit beats a declaration", {"gpu": False, "declared": 5, "explicit": 3}, 3, WorkerReason.EXPLICIT),
+        ("not cloneable caps explicit", {"gpu": False, "explicit": 3, "cloneable": False}, 1, WorkerReason.NOT_CLONEABLE),
     ],
 )
 def test_decision_table(case, kwargs, workers, reason):
@@ -194,7 +194,7 @@ def test_on_a_cuda_device_the_fast_processor_takes_the_gpu_path_capped_at_one_wo
         running.close(timeout=30)
     pil = engine.start_engine(ModelSettings(str(qwen_dir), device=Device.AUTO, backend=Backend.PIL))
     try:
-        assert (pil.decision.path, pil.decision.processor_workers) == (Path.CPU, 2)
+        assert (pil.decision.path, pil.decision.processor_workers) == (ComputePath.CPU, 2)
     finally:
         pil.close(timeout=30)
 
@@ -248,11 +248,11 @@ def test_a_device_patch_on_a_real_image_processor_survives_cloning_and_reaches_t
 
 
 def test_a_model_declared_not_thread_safe_serves_with_one_worker_and_its_declared_io_workers(started, tmp_path):
-    from mmprep_runtime import testing_models
+    from mmprep_runtime.synthetic import models
 
-    folder = testing_models.make_model("llava", tmp_path / "m", declared_workers=4, declared_io_workers=3, thread_safe=False)
+    folder = models.make_model("llava", tmp_path / "m", declared_workers=4, declared_io_workers=3, thread_safe=False)
     running = started(folder, processor_workers=2)
-    assert (running.decision.processor_workers, running.decision.reason) == (1, Reason.NOT_THREAD_SAFE)
+    assert (running.decision.processor_workers, running.decision.reason) == (1, WorkerReason.NOT_THREAD_SAFE)
     assert running.decision.explicit_not_honoured == 2 and running.pool.workers == 1
     assert running.decision.io_workers == 3
     assert running.info()["thread_safe"] is False

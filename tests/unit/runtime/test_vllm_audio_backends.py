@@ -1,5 +1,5 @@
 """A render process tries torchcodec once and, when it cannot load, records it as vLLM records a
-torchcodec it cannot import (``engine.vllm_audio_backends``). Stand-ins for vLLM's audio module
+torchcodec it cannot import (``backends.vllm.audio_backends``). Stand-ins for vLLM's audio module
 here; the compatibility tests run the real one and compare Qwen2-Audio's answers with vLLM's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mmprep_runtime.engine import vllm_audio_backends
+from mmprep_runtime.backends.vllm import audio_backends
 
 
 def _audio_module(load: Any) -> types.SimpleNamespace:
@@ -27,7 +27,7 @@ def test_a_torchcodec_without_its_libraries_is_recorded_unavailable_with_the_rea
         raise ImportError("torchcodec audio backend is unavailable") from cause
 
     audio = _audio_module(load)
-    assert vllm_audio_backends.skip_unloadable_torchcodec(audio) is True
+    assert audio_backends.skip_unloadable_torchcodec(audio) is True
     assert audio.AudioDecoder is None and audio._torchcodec_import_exc is cause
     with wave.open(io.BytesIO(tried[0])) as clip:  # it was given a real WAV to decode
         assert clip.getnframes() > 0 and clip.getframerate() == 16_000
@@ -44,7 +44,7 @@ def test_a_torchcodec_that_loads_or_fails_otherwise_is_left_to_vllm(outcome: Exc
             raise outcome
 
     audio = _audio_module(load)
-    assert vllm_audio_backends.skip_unloadable_torchcodec(audio) is False
+    assert audio_backends.skip_unloadable_torchcodec(audio) is False
     assert audio.AudioDecoder is object and audio._torchcodec_import_exc is None
 
 
@@ -56,8 +56,8 @@ def test_a_module_of_another_shape_is_left_alone() -> None:
     already_unavailable = _audio_module(load)
     already_unavailable.AudioDecoder = None
     for audio in (types.SimpleNamespace(), no_import_record, already_unavailable):
-        assert vllm_audio_backends.skip_unloadable_torchcodec(audio) is False
+        assert audio_backends.skip_unloadable_torchcodec(audio) is False
 
 
 def test_without_vllm_installed_nothing_happens() -> None:
-    vllm_audio_backends.install()  # this virtualenv has no vLLM: no error, nothing to change
+    audio_backends.install()  # this virtualenv has no vLLM: no error, nothing to change

@@ -12,16 +12,16 @@ import msgpack
 import pytest
 import torch
 
-from mmprep_runtime.apis import vllm_format
+from mmprep_runtime.backends.native import wire_format
 
 
-def _reference(item: dict[str, vllm_format.KwargsElement]) -> bytes:
+def _reference(item: dict[str, wire_format.KwargsElement]) -> bytes:
     wire = {
         key: {
             "data": [
                 str(e.data.dtype).removeprefix("torch."),
                 list(e.data.shape),
-                msgpack.ExtType(vllm_format.RAW_VIEW_EXT, e.data.contiguous().numpy().tobytes()),
+                msgpack.ExtType(wire_format.RAW_VIEW_EXT, e.data.contiguous().numpy().tobytes()),
             ],
             "field": e.field.wire(),
         }
@@ -34,10 +34,10 @@ def _reference(item: dict[str, vllm_format.KwargsElement]) -> bytes:
 def test_a_kwargs_item_is_the_message_msgpack_would_write(rows):
     pixels = torch.arange(rows * 1176, dtype=torch.int32).remainder(251).to(torch.uint8).reshape(rows, 1176)
     item = {
-        "pixel_values": vllm_format.KwargsElement(pixels, vllm_format.FlatField(((0, rows), (rows, rows + 4)))),
-        "image_grid_thw": vllm_format.KwargsElement(torch.tensor([1, 2, 3]), vllm_format.BatchedField(keep_on_cpu=True)),
+        "pixel_values": wire_format.KwargsElement(pixels, wire_format.FlatField(((0, rows), (rows, rows + 4)))),
+        "image_grid_thw": wire_format.KwargsElement(torch.tensor([1, 2, 3]), wire_format.BatchedField(keep_on_cpu=True)),
     }
-    ours = base64.b64decode(vllm_format.kwargs_item_base64(item))
+    ours = base64.b64decode(wire_format.kwargs_item_base64(item))
     assert ours == _reference(item)
     decoded = msgpack.unpackb(ours, raw=False)
     assert decoded["pixel_values"]["field"][1]["slices"] == [[[0, rows, None]], [[rows, rows + 4, None]]]
@@ -45,32 +45,32 @@ def test_a_kwargs_item_is_the_message_msgpack_would_write(rows):
 
 def test_a_non_contiguous_tensor_is_written_in_row_order():
     grid = torch.arange(12, dtype=torch.int64).reshape(3, 4).t()
-    item = {"x": vllm_format.KwargsElement(grid, vllm_format.BatchedField())}
-    ours = msgpack.unpackb(base64.b64decode(vllm_format.kwargs_item_base64(item)), raw=False)
+    item = {"x": wire_format.KwargsElement(grid, wire_format.BatchedField())}
+    ours = msgpack.unpackb(base64.b64decode(wire_format.kwargs_item_base64(item)), raw=False)
     assert ours["x"]["data"][2].data == grid.contiguous().numpy().tobytes()
 
 
 def test_placeholder_runs_find_each_run_of_the_image_token():
-    assert vllm_format.placeholder_runs([1, 5, 5, 2, 5, 3, 5, 5, 5], 5) == [
+    assert wire_format.placeholder_runs([1, 5, 5, 2, 5, 3, 5, 5, 5], 5) == [
         {"offset": 1, "length": 2},
         {"offset": 4, "length": 1},
         {"offset": 6, "length": 3},
     ]
-    assert vllm_format.placeholder_runs([1, 2], 5) == []
+    assert wire_format.placeholder_runs([1, 2], 5) == []
 
 
 def test_mm_hashes_depend_on_the_bytes_the_model_and_the_conversion():
-    plain = vllm_format.EncodedImage(b"\xff\xd8 image bytes")
-    converted = vllm_format.EncodedImage(b"\xff\xd8 image bytes", {"image_mode": "RGB"})
-    base = vllm_format.mm_hash("model", "image", plain, {})
-    assert base == vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 image bytes"), {})
+    plain = wire_format.EncodedImage(b"\xff\xd8 image bytes")
+    converted = wire_format.EncodedImage(b"\xff\xd8 image bytes", {"image_mode": "RGB"})
+    base = wire_format.mm_hash("model", "image", plain, {})
+    assert base == wire_format.mm_hash("model", "image", wire_format.EncodedImage(b"\xff\xd8 image bytes"), {})
     assert (
         len(
             {
                 base,
-                vllm_format.mm_hash("other", "image", plain, {}),
-                vllm_format.mm_hash("model", "image", converted, {}),
-                vllm_format.mm_hash("model", "image", vllm_format.EncodedImage(b"\xff\xd8 other"), {}),
+                wire_format.mm_hash("other", "image", plain, {}),
+                wire_format.mm_hash("model", "image", converted, {}),
+                wire_format.mm_hash("model", "image", wire_format.EncodedImage(b"\xff\xd8 other"), {}),
             }
         )
         == 4
@@ -84,10 +84,10 @@ def test_the_base64_pieces_join_to_the_message_whatever_the_alignment(extra, key
     # ``extra`` its length mod 3: every combination must encode to the whole message's base64.
     pixels = torch.arange(6000 + extra, dtype=torch.int32).remainder(251).to(torch.uint8)
     item = {
-        key: vllm_format.KwargsElement(pixels, vllm_format.FlatField(((0, 6000 + extra),))),
-        "image_grid_thw": vllm_format.KwargsElement(torch.tensor([1, 2, 3]), vllm_format.BatchedField(keep_on_cpu=True)),
+        key: wire_format.KwargsElement(pixels, wire_format.FlatField(((0, 6000 + extra),))),
+        "image_grid_thw": wire_format.KwargsElement(torch.tensor([1, 2, 3]), wire_format.BatchedField(keep_on_cpu=True)),
     }
-    pieces = vllm_format.kwargs_item_base64_pieces(item)
+    pieces = wire_format.kwargs_item_base64_pieces(item)
     assert len(pieces) >= 3, "the tensor is encoded on its own, between its neighbours"
     assert all(b"=" not in piece for piece in pieces[:-1]), "only the last piece may be padded"
     assert b"".join(pieces) == base64.b64encode(_reference(item))

@@ -1,8 +1,8 @@
 """The general path's handoff on real sockets: a request goes to a render process with its client's
 connection, the process writes the answer's body into that connection itself, and the front
-writes only the status line and headers (``engine.vllm_handoff``, ``apis.vllm_general``).
+writes only the status line and headers (``backends.vllm.handoff``, ``backends.vllm.forwarding``).
 
-The render process's side is ``vllm_worker``'s own handoff server, in this process, over a small
+The render process's side is ``worker``'s own handoff server, in this process, over a small
 ASGI app standing in for vLLM's (the compatibility tests run it over vLLM's app); the front is
 mmprep's ``GeneralRenderer`` in a real aiohttp server, the client a real HTTP client.
 """
@@ -22,8 +22,8 @@ import pytest
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, vllm_general
-from mmprep_runtime.engine import vllm_pool, vllm_worker
+from mmprep_runtime.backends.vllm import forwarding, worker, worker_pool
+from mmprep_runtime.httpio import fetching
 from mmprep_runtime.settings import FetchSettings
 
 ANSWER = b'{"token_ids":[1,2,3],"kwargs":"' + b"A" * 3_000_000 + b'"}'
@@ -55,11 +55,11 @@ class FakePool:
         return len(self.paths)
 
     @contextlib.contextmanager
-    def lease(self) -> Iterator[vllm_pool.Endpoint]:
+    def lease(self) -> Iterator[worker_pool.Endpoint]:
         alive = [p for p in self.paths if p not in self.lost_paths]
         if not alive:
-            raise vllm_pool.GeneralPathUnavailable("every process is lost")
-        yield vllm_pool.Endpoint(http=alive[0], handoff=alive[0])
+            raise worker_pool.GeneralPathUnavailable("every process is lost")
+        yield worker_pool.Endpoint(http=alive[0], handoff=alive[0])
 
     def lost(self, path: str) -> None:
         self.lost_paths.append(path)
@@ -67,8 +67,8 @@ class FakePool:
 
 @contextlib.asynccontextmanager
 async def render_process(path: str) -> AsyncIterator[None]:
-    """``vllm_worker``'s handoff server over ``render_app`` on ``path``."""
-    task = asyncio.create_task(vllm_worker._serve_handoffs(render_app, vllm_worker._listen(path)))
+    """``worker``'s handoff server over ``render_app`` on ``path``."""
+    task = asyncio.create_task(worker._serve_handoffs(render_app, worker._listen(path)))
     try:
         yield
     finally:
@@ -79,7 +79,7 @@ async def render_process(path: str) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def front(pool: FakePool) -> AsyncIterator[str]:
-    renderer = vllm_general.GeneralRenderer(pool, fetching.Fetcher(FetchSettings()))  # type: ignore[arg-type]
+    renderer = forwarding.GeneralRenderer(pool, fetching.Fetcher(FetchSettings()))  # type: ignore[arg-type]
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -133,7 +133,7 @@ async def test_a_server_error_over_a_clip_no_decoder_opens_is_a_400_and_the_conn
 ) -> None:
     # vLLM 0.33 answers a clip it cannot decode with a 500: the front replaces it before GO, so the
     # process's answer never reaches the client and the kept-alive connection stays in step.
-    monkeypatch.setattr(vllm_general.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
+    monkeypatch.setattr(forwarding.decoding, "audio_decode_problem", lambda clip: "truncated" if clip == b"BAD" else None)
 
     def clip_body(clip: bytes) -> bytes:
         part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}}
@@ -197,16 +197,16 @@ def test_the_process_writes_nothing_without_go(tmp_path, signal_: bytes) -> None
             conversation.setblocking(False)
             await asyncio.get_running_loop().sock_connect(conversation, path)
             message = {"method": "POST", "path": "/x", "headers": [], "length": 2}
-            from mmprep_runtime.engine import vllm_handoff
+            from mmprep_runtime.backends.vllm import handoff
 
-            await vllm_handoff.send_with_socket(conversation, vllm_handoff.frame(message), passed.fileno())
+            await handoff.send_with_socket(conversation, handoff.frame(message), passed.fileno())
             await asyncio.get_running_loop().sock_sendall(conversation, b"{}")
-            answer, _ = await vllm_handoff.read_frame(conversation)
+            answer, _ = await handoff.read_frame(conversation)
             assert answer["status"] == 200 and answer["length"] == len(ANSWER)
             if signal_:
                 await asyncio.get_running_loop().sock_sendall(conversation, signal_)
             conversation.shutdown(socket.SHUT_WR)
-            assert await vllm_handoff.read_byte(conversation) == b""  # the process ended the conversation
+            assert await handoff.read_byte(conversation) == b""  # the process ended the conversation
             conversation.close()
         passed.close()
         client_end.setblocking(False)

@@ -1,7 +1,7 @@
 """The general render path's HTTP side: a render request forwarded to one of vLLM's own render
-processes (``engine.vllm_pool``), its answer returned as vLLM wrote it.
+processes (``backends.vllm.worker_pool``), its answer returned as vLLM wrote it.
 
-The request goes with its client's connection (``engine.vllm_handoff``): the process answers
+The request goes with its client's connection (``backends.vllm.handoff``): the process answers
 status, headers and length, this server writes the status line and headers (so the answer
 carries the request id and the drain's ``Connection: close`` like every other), and the process
 writes the body into the client's socket itself. The megabytes of an answer never pass through
@@ -39,8 +39,9 @@ import orjson
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching
-from mmprep_runtime.engine import decoding, vllm_handoff, vllm_pool
+from mmprep_runtime.backends.vllm import handoff, worker_pool
+from mmprep_runtime.engine import decoding
+from mmprep_runtime.httpio import fetching
 
 #: The content parts whose URL vLLM would fetch, and the key holding the URL object.
 _URL_PARTS: Final = ("image_url", "video_url", "audio_url")
@@ -165,7 +166,7 @@ async def _flushed(request: web.Request) -> None:
 
 class HandedOverAnswer(web.StreamResponse):
     """An answer whose body the render process writes: this server writes the status line and
-    headers, then says GO and waits for the process to say it is done (``vllm_handoff``).
+    headers, then says GO and waits for the process to say it is done (``handoff``).
 
     It runs as aiohttp finishes the response, after the handler returned (as any answer's body is
     written), so the request's deadline never cuts an answer in the middle."""
@@ -183,22 +184,22 @@ class HandedOverAnswer(web.StreamResponse):
         try:
             await self.write(b"")  # aiohttp may hold the headers for the first body bytes: not here
             await _flushed(self._req)  # type: ignore[arg-type]  # prepared: the request is set
-            await loop.sock_sendall(self._conversation, vllm_handoff.GO)
-            outcome = await vllm_handoff.read_byte(self._conversation)
+            await loop.sock_sendall(self._conversation, handoff.GO)
+            outcome = await handoff.read_byte(self._conversation)
         except OSError:
             outcome = b""
         finally:
             self._conversation.close()
-        if outcome != vllm_handoff.DONE:
+        if outcome != handoff.DONE:
             # The body did not all arrive: this connection can carry no further answer.
             self.force_close()
         await super().write_eof()
 
 
 class GeneralRenderer:
-    """Hands render requests to ``pool``'s processes (``vllm_handoff``), or forwards them over HTTP."""
+    """Hands render requests to ``worker_pool``'s processes (``handoff``), or forwards them over HTTP."""
 
-    def __init__(self, pool: vllm_pool.VllmWorkerPool, fetcher: fetching.Fetcher) -> None:
+    def __init__(self, pool: worker_pool.VllmWorkerPool, fetcher: fetching.Fetcher) -> None:
         self.pool = pool
         self.fetcher = fetcher
         self._sessions: dict[str, aiohttp.ClientSession] = {}
@@ -239,7 +240,7 @@ class GeneralRenderer:
                             f"the render process stopped while it held this request ({type(exc).__name__}); retry",
                             headers={"Retry-After": "1"},
                         ) from None
-            except vllm_pool.GeneralPathUnavailable as exc:
+            except worker_pool.GeneralPathUnavailable as exc:
                 raise errors.NotReady(f"not ready: {exc}") from None
         raise errors.NotReady("not ready: no render process accepts connections; they are restarting")
 
@@ -258,9 +259,9 @@ class GeneralRenderer:
             except OSError as exc:
                 raise _Refused(str(exc)) from None
             message = {"method": request.method, "path": request.path, "headers": list(headers.items()), "length": len(body)}
-            await vllm_handoff.send_with_socket(conversation, vllm_handoff.frame(message), client.fileno())
+            await handoff.send_with_socket(conversation, handoff.frame(message), client.fileno())
             await loop.sock_sendall(conversation, body)
-            answer, _ = await vllm_handoff.read_frame(conversation)
+            answer, _ = await handoff.read_frame(conversation)
             check_server_error(int(answer["status"]), parsed)
             return HandedOverAnswer(conversation, answer)
         except BaseException:

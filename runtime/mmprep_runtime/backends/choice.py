@@ -1,8 +1,8 @@
 """Which path renders a model's vLLM render requests, and why (``choose``): pure, no I/O.
 
-- **native**: mmprep's own rendering on clone-per-thread workers (``vllm_render``). It exists for
+- **native**: mmprep's own rendering on clone-per-thread workers (``stages``). It exists for
   the families where it is measured faster than vLLM and byte-equal to it (``NATIVE_FAMILIES``).
-- **general**: vLLM's own processing in worker processes (``vllm_general``): every model the
+- **general**: vLLM's own processing in worker processes (``forwarding``): every model the
   installed vLLM renders, answered exactly as that vLLM version answers.
 
 With ``auto``, a native family takes the native path and keeps the general path beside it (when

@@ -16,7 +16,7 @@ Kinds:
 - ``uncloneable``: a llava-style processor shipped as remote code (``auto_map``) whose deepcopy
   raises, the way processors holding a native handle do. Loads only with ``trust_remote_code``;
 - more vision-language families, each with its ``config.json`` and chat template so vLLM's render
-  server loads it too (``mmprep_runtime.testing_families`` describes them): ``qwen2.5-vl``
+  server loads it too (``mmprep_runtime.synthetic.families`` describes them): ``qwen2.5-vl``
   (Qwen2_5_VLProcessor), ``qwen3-vl`` (Qwen3VLProcessor), ``gemma3`` (Gemma3Processor),
   ``llava-onevision`` (LlavaOnevisionProcessor), ``idefics3`` (Idefics3Processor), ``internvl``
   (InternVLProcessor, HF format), ``glm4v`` (Glm4vProcessor, GLM-4.1V) and ``mistral3``
@@ -35,9 +35,10 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from mmprep_runtime import declared, testing_families
+from mmprep_runtime import declared
+from mmprep_runtime.synthetic import families
 
-SPECIAL_TOKENS: Final = (*testing_families.QWEN_TOKENS, "<image>")
+SPECIAL_TOKENS: Final = (*families.QWEN_TOKENS, "<image>")
 LLAVA_IMAGE_TOKEN: Final = "<image>"
 QWEN_IMAGE_PLACEHOLDER: Final = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -248,7 +249,7 @@ def _whisper_config() -> dict[str, Any]:
     }
 
 
-def _write_family(family: testing_families.Family, out: pathlib.Path, backend: str) -> None:
+def _write_family(family: families.Family, out: pathlib.Path, backend: str) -> None:
     """A family's folder: tokenizer, processor config, model config (ids from the new vocabulary), chat template."""
     processor_config = family.processor(backend)
     write_tokenizer(
@@ -263,7 +264,7 @@ def _write_family(family: testing_families.Family, out: pathlib.Path, backend: s
     tokenizer = json.loads((out / "tokenizer.json").read_text())
     vocab = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
     _write_json(out / "config.json", family.model(vocab))
-    (out / "chat_template.jinja").write_text(testing_families.chat_template(family.chat))
+    (out / "chat_template.jinja").write_text(families.chat_template(family.chat))
 
 
 def make_model(
@@ -287,7 +288,7 @@ def make_model(
         raise ModelBuildError(f"{out} exists and is not an empty folder")
     out.mkdir(parents=True, exist_ok=True)
 
-    family = testing_families.FAMILIES.get(kind.value)
+    family = families.FAMILIES.get(kind.value)
     if family is not None:
         _write_family(family, out, backend)
         _declare(out, declared.Declaration(declared_workers, declared_io_workers, thread_safe))

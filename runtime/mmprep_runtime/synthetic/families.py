@@ -1,11 +1,11 @@
-"""The model families ``testing_models`` builds beyond Qwen2-VL (vision-language, and one
+"""The model families ``models`` builds beyond Qwen2-VL (vision-language, and one
 audio-language family): what each folder holds.
 
 Each family is data: its processor class and sub-processor configs, the special tokens its
 tokenizer needs (trained into the small BPE first, so their ids are small), the tokenizer
 attributes the processor reads (``image_token``, ``boi_token``...), its chat format and the
 model ``config.json`` a serving stack reads beside the processor (architecture, token ids, the
-vision tower's geometry; small text and vision dims, no weights). ``testing_models`` writes the
+vision tower's geometry; small text and vision dims, no weights). ``models`` writes the
 files; this module only describes them, so it imports nothing heavy.
 
 Sub-processor configs name the class and only the values the published checkpoints set apart
@@ -154,7 +154,7 @@ _CHATML: Final = {
     "assistant": ("<|im_start|>assistant\n", "<|im_end|>\n"),
     "system": ("<|im_start|>system\n", "<|im_end|>\n"),
 }
-#: Qwen's chat and vision special tokens (the ``qwen2-vl`` kind's too: ``testing_models``).
+#: Qwen's chat and vision special tokens (the ``qwen2-vl`` kind's too: ``models``).
 QWEN_TOKENS: Final = (
     "<|endoftext|>",
     "<|im_start|>",

@@ -5,7 +5,7 @@ server accepts, written the way vLLM's own render server writes it.
 placeholders, kwargs items and their metadata, ``sampling_params`` with vLLM's defaults and
 serialization rules); ``encode_answer`` writes it with orjson and splices in each kwargs item's
 base64 (megabytes that never become a Python str). The wire formats themselves are
-``vllm_format``'s.
+``wire_format``'s.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Final
 import orjson
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import openai_chat, vllm_format
-from mmprep_runtime.apis.vllm_model import ModelFacts
+from mmprep_runtime.backends.model_facts import ModelFacts
+from mmprep_runtime.backends.native import chat_request, wire_format
 from mmprep_runtime.engine.pipeline import AnswerBody, Pieces
 
 
@@ -29,8 +29,8 @@ class Rendered:
     token_ids: Any  # 1-D int64 numpy array
     hashes: list[str]
     placeholders: list[dict[str, int]]
-    items: list[dict[str, vllm_format.KwargsElement]]
-    request: openai_chat.RenderRequest
+    items: list[dict[str, wire_format.KwargsElement]]
+    request: chat_request.RenderRequest
 
 
 #: ``SamplingParams.output_kind``: a rendered, non-streaming request gets only the final output.
@@ -62,7 +62,7 @@ _OTHER_DEFAULTS: Final = {
 }
 
 
-def sampling_params(request: openai_chat.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
+def sampling_params(request: chat_request.RenderRequest, prompt_tokens: int, max_model_len: int) -> dict[str, Any]:
     """``sampling_params`` as vLLM's render serializes the ``SamplingParams`` it builds."""
     if prompt_tokens > max_model_len:
         raise errors.BadRequest(f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len}).")
@@ -108,16 +108,16 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
     }
     blobs: list[list[bytes]] = []
     if rendered.items:
-        metadata = [vllm_format.metadata_item(item) for item in rendered.items]
+        metadata = [wire_format.metadata_item(item) for item in rendered.items]
         markers = []
         for item in rendered.items:
             markers.append(f"{_MARKER}{len(blobs)}")
-            blobs.append(vllm_format.kwargs_item_base64_pieces(item))
+            blobs.append(wire_format.kwargs_item_base64_pieces(item))
         body["features"] = {
             "mm_hashes": {"image": rendered.hashes},
             "mm_placeholders": {"image": rendered.placeholders},
             "kwargs_data": {"image": markers},
-            "mm_metadata": {"image": [vllm_format.encode_kwargs_item(m) if m else None for m in metadata]},
+            "mm_metadata": {"image": [wire_format.encode_kwargs_item(m) if m else None for m in metadata]},
         }
     if request.chat:
         # The template arguments the answer was rendered with, vLLM's server defaults included.

@@ -21,7 +21,7 @@ and nothing was sent, so the request may go elsewhere):
     process -> front   DONE, or FAILED when the client's socket refused the body
 
 A frame is a 4-byte big-endian length and that many bytes of JSON. Pure sockets and asyncio; both
-sides import it (``vllm_worker`` in the render process, ``apis.vllm_general`` in the front).
+sides import it (``worker`` in the render process, ``backends.vllm.forwarding`` in the front).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One worker process of the general render path: vLLM's own render server, on a Unix socket.
 
-``python -m mmprep_runtime.engine.vllm_worker --socket PATH [--handoff PATH] -- MODEL [vLLM's options]``
+``python -m mmprep_runtime.backends.vllm.worker --socket PATH [--handoff PATH] -- MODEL [vLLM's options]``
 
 The process builds what ``vllm launch render`` builds (vLLM's argument parser and checks, its
 ``VllmConfig`` with quantization cleared, its FastAPI app and render state: chat template,
@@ -9,15 +9,15 @@ of a TCP port. Every answer, error answers included, is therefore vLLM's own, co
 installed vLLM's code: the general path is correct by construction and follows vLLM's version.
 
 With ``--handoff``, the same app also takes requests handed over with their client's connection
-(``vllm_handoff``): it is called in this process as uvicorn would call it, and its answer's body is
+(``handoff``): it is called in this process as uvicorn would call it, and its answer's body is
 written straight into the client's socket. The HTTP socket stays for health checks and the
 calibration's load. Either way the answer is written as vLLM writes it, with its megabytes of
-base64 spliced in rather than passed through a JSON encoder (``vllm_answer_splice``).
+base64 spliced in rather than passed through a JSON encoder (``answer_splice``).
 
 Why processes and not threads: vLLM runs a model's multimodal processing on one thread fixed in
-its code, and that processing holds the GIL for most of its time (``vllm_pool`` measures the
+its code, and that processing holds the GIL for most of its time (``worker_pool`` measures the
 share). Threads inside one such process cannot add throughput; processes can, one core each.
-``vllm_pool`` starts, watches and leases these processes; ``apis.vllm_general`` forwards requests.
+``worker_pool`` starts, watches and leases these processes; ``backends.vllm.forwarding`` forwards requests.
 
 vLLM is imported only here (and in ``vllm_pool.vllm_version``): the rest of the runtime runs
 without it.
@@ -34,7 +34,7 @@ import socket
 import sys
 from typing import Any
 
-from mmprep_runtime.engine import vllm_answer_splice, vllm_audio_backends, vllm_handoff
+from mmprep_runtime.backends.vllm import answer_splice, audio_backends, handoff
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ async def _build_app(args: argparse.Namespace) -> Any:
     )
     app = build_app(args, ("render",))
     await init_render_app_state(vllm_config, app.state, args)
-    vllm_answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
-    vllm_audio_backends.install()  # the same audio decoding, without a failed torchcodec load per clip
+    answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
+    audio_backends.install()  # the same audio decoding, without a failed torchcodec load per clip
     return app
 
 
@@ -131,7 +131,7 @@ async def _call_app(app: Any, request: dict[str, Any], body: bytes) -> tuple[int
     finally:
         answered.set()
     headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in start.get("headers", [])]
-    headers = [[k, v] for k, v in headers if k.lower() not in vllm_handoff.HOP_HEADERS]
+    headers = [[k, v] for k, v in headers if k.lower() not in handoff.HOP_HEADERS]
     return int(start.get("status", 500)), headers, b"".join(chunks)
 
 
@@ -140,23 +140,23 @@ async def _take_handoff(app: Any, conversation: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     client = None
     try:
-        first, client = await vllm_handoff.receive_socket(conversation)
-        request, rest = await vllm_handoff.read_frame(conversation, first)
-        body = await vllm_handoff.read_exactly(conversation, int(request["length"]), rest)
+        first, client = await handoff.receive_socket(conversation)
+        request, rest = await handoff.read_frame(conversation, first)
+        body = await handoff.read_exactly(conversation, int(request["length"]), rest)
         if client is None:
-            raise vllm_handoff.HandoffError("no client socket came with the request")
+            raise handoff.HandoffError("no client socket came with the request")
         status, headers, answer = await _call_app(app, request, body)
-        await loop.sock_sendall(conversation, vllm_handoff.frame({"status": status, "headers": headers, "length": len(answer)}))
-        if await vllm_handoff.read_byte(conversation) != vllm_handoff.GO:
+        await loop.sock_sendall(conversation, handoff.frame({"status": status, "headers": headers, "length": len(answer)}))
+        if await handoff.read_byte(conversation) != handoff.GO:
             return  # the front gave up on it (its deadline, its client gone): nothing is written
         try:
             # The front's socket is non-blocking already (one open file, shared): nothing to set.
             await loop.sock_sendall(client, answer)
-            outcome = vllm_handoff.DONE
+            outcome = handoff.DONE
         except OSError:
-            outcome = vllm_handoff.FAILED
+            outcome = handoff.FAILED
         await loop.sock_sendall(conversation, outcome)
-    except (OSError, ValueError, KeyError, vllm_handoff.HandoffError) as exc:
+    except (OSError, ValueError, KeyError, handoff.HandoffError) as exc:
         logger.warning("a handed-over request was dropped: %s", exc)
     finally:
         if client is not None:
@@ -210,7 +210,7 @@ async def _serve(socket_path: str, handoff_path: str | None, args: argparse.Name
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m mmprep_runtime.engine.vllm_worker --socket PATH -- MODEL [vLLM options]", file=sys.stderr)
+        print("usage: python -m mmprep_runtime.backends.vllm.worker --socket PATH -- MODEL [vLLM options]", file=sys.stderr)
         return 2
     split = argv.index("--")
     ours = argparse.ArgumentParser(prog="mmprep-runtime vllm worker")

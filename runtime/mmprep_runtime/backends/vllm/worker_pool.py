@@ -1,7 +1,7 @@
 """The general render path's worker processes: start, watch, lease, stop (``VllmWorkerPool``).
 
-Each worker is ``vllm_worker``: vLLM's own render server on a Unix socket, one per process, with a
-second socket that takes requests handed over with their client's connection (``vllm_handoff``).
+Each worker is ``worker``: vLLM's own render server on a Unix socket, one per process, with a
+second socket that takes requests handed over with their client's connection (``handoff``).
 The pool starts them side by side, is ready once every one answers ``/health``, leases the one with
 the fewest requests in flight to each request (``lease``), restarts a worker that dies (its
 in-flight requests fail with a 5xx; the others keep serving), and stops them all on close.
@@ -167,7 +167,7 @@ class VllmWorkerPool:
         return [
             sys.executable,
             "-m",
-            "mmprep_runtime.engine.vllm_worker",
+            "mmprep_runtime.backends.vllm.worker",
             "--socket",
             worker.endpoint.http,
             "--handoff",

@@ -11,7 +11,6 @@ it at ``POST /inference/v1/generate``. The parts that must match vLLM bit for bi
 - ``encode_kwargs_item``: one image's processor outputs as vLLM serializes a multimodal kwargs
   item: a msgpack map ``{key: {"data": [dtype, shape, Ext(3, raw bytes)], "field": [kind,
   {field args}]}}``, base64-encoded.
-- ``error_body``: vLLM's OpenAI-style error JSON.
 
 The compatibility tests decode what this module writes with vLLM's own decoder and compare.
 """
@@ -249,23 +248,3 @@ def placeholder_runs(token_ids: Sequence[int] | np.ndarray[Any, Any], token_id: 
     is_token = np.concatenate(([False], ids == token_id, [False]))
     edges = np.flatnonzero(is_token[1:] != is_token[:-1])
     return [{"offset": int(start), "length": int(stop - start)} for start, stop in zip(edges[::2], edges[1::2], strict=True)]
-
-
-_ERROR_TYPES: Final = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    408: "BadRequestError",
-    413: "BadRequestError",
-    415: "BadRequestError",
-    422: "BadRequestError",
-    429: "TooManyRequestsError",
-    500: "InternalServerError",
-    501: "NotImplementedError",
-    503: "ServiceUnavailableError",
-    504: "TimeoutError",
-}
-
-
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """vLLM's error answer: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"), "param": param, "code": status}}

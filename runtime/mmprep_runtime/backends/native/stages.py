@@ -1,10 +1,10 @@
 """The vLLM render API on the engine: OpenAI chat/completion bodies in, vLLM ``GenerateRequest`` out.
 
 ``RenderApi`` is a ``pipeline.Api``: the engine runs its stages where it places them.
-- decode: ``openai_chat`` parses and checks the body; inline images stay encoded bytes;
+- decode: ``chat_request`` parses and checks the body; inline images stay encoded bytes;
 - fetch (only with http(s) image URLs): ``fetching.Fetcher`` on the event loop;
 - process (on a worker's own processor clone): decode each image the way vLLM's media loader
-  does (EXIF orientation, transparency onto white), hash it as vLLM does (``vllm_format``), render
+  does (EXIF orientation, transparency onto white), hash it as vLLM does (``wire_format``), render
   the chat template from the processor folder, run the processor, and cut its outputs into one
   kwargs item per image;
 - encode: the ``GenerateRequest`` JSON (msgpack + base64 of each item, then orjson).
@@ -14,9 +14,9 @@ a processor that can skip rescale/normalize does so and the pixels leave as uint
 normalizes; 4x less to copy and send). With ``normalized_pixels`` the processor normalizes and floating
 outputs are cast to the model's dtype, as vLLM does with ``--no-mm-device-do-normalize``.
 
-Neighbours: ``vllm_model`` (what the model is, read at start-up), ``vllm_answer`` (the
-``GenerateRequest`` written from a ``Rendered``), ``vllm_format`` (vLLM's hashes and wire
-formats), ``vllm_endpoints`` (the HTTP handlers).
+Neighbours: ``model_facts`` (what the model is, read at start-up), ``generate_request`` (the
+``GenerateRequest`` written from a ``Rendered``), ``wire_format`` (vLLM's hashes and wire
+formats), ``vllm_render_server`` (the HTTP handlers).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import fetching, openai_chat, vllm_format
-from mmprep_runtime.apis.vllm_answer import Rendered, encode_answer, generate_request
-from mmprep_runtime.apis.vllm_model import ModelFacts
+from mmprep_runtime.backends.model_facts import ModelFacts
+from mmprep_runtime.backends.native import chat_request, wire_format
+from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, loading, patches, pipeline
 from mmprep_runtime.engine.loading import ProcessorFacts
+from mmprep_runtime.httpio import fetching
 from mmprep_runtime.settings import Limits
 
 #: Processors whose images this API renders: how vLLM cuts processor outputs into items is
@@ -45,7 +46,7 @@ _RGBA_BACKGROUND: Final = (255, 255, 255)
 # ---- images, the way vLLM's media loader decodes them -----------------------------------------
 
 
-def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageLayout) -> tuple[Any, vllm_format.EncodedImage]:
+def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageLayout) -> tuple[Any, wire_format.EncodedImage]:
     """The image in ``layout`` and its hash identity.
 
     vLLM opens the file, applies EXIF orientation, and converts to RGB, compositing transparency
@@ -61,7 +62,7 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM ignores it too
         oriented = plain
     if oriented:
-        return decoding.decode_opened(image, data, what, layout), vllm_format.EncodedImage(data)
+        return decoding.decode_opened(image, data, what, layout), wire_format.EncodedImage(data)
     try:
         image = ImageOps.exif_transpose(image)
     except Exception:  # noqa: BLE001 - as vLLM: a broken EXIF block leaves the image as it is
@@ -71,7 +72,7 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     io_config = None
     if converted is not image:
         io_config = {"image_mode": "RGB", "rgba_background_color": _RGBA_BACKGROUND}
-    return decoding.in_layout(converted, layout), vllm_format.EncodedImage(data, io_config)
+    return decoding.in_layout(converted, layout), wire_format.EncodedImage(data, io_config)
 
 
 def _to_rgb(image: Any) -> Any:
@@ -97,7 +98,7 @@ def _chat_template(processor: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _prompt_text(processor: Any, request: openai_chat.RenderRequest) -> str:
+def _prompt_text(processor: Any, request: chat_request.RenderRequest) -> str:
     if request.prompt is not None:
         return request.prompt
     template = _chat_template(processor)
@@ -127,7 +128,7 @@ def _to_model_dtype(tensor: Any, dtype: str | None) -> Any:
 
 
 def render(
-    processor: Any, request: openai_chat.RenderRequest, facts: ProcessorFacts, model: ModelFacts, limits: Limits
+    processor: Any, request: chat_request.RenderRequest, facts: ProcessorFacts, model: ModelFacts, limits: Limits
 ) -> Rendered:
     import numpy as np
 
@@ -154,12 +155,12 @@ def render(
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
     # A model without an image token renders no placeholder: the check below then refuses the images.
     placeholders = (
-        vllm_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
+        wire_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
     )
     if len(placeholders) != len(images):
         raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)")
     items = _items(outputs, len(images), model.dtype if not model.device_normalize else None)
-    hashes = [vllm_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
+    hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
     return Rendered(token_ids, hashes, placeholders, items, request)
 
 
@@ -187,7 +188,7 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
 
 
-def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[dict[str, vllm_format.KwargsElement]]:
+def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[dict[str, wire_format.KwargsElement]]:
     """One kwargs item per image: its rows of ``pixel_values`` and its row of ``image_grid_thw``."""
     if not count:
         return []
@@ -199,12 +200,12 @@ def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[di
     for size in sizes:
         slices.append((start, start + int(size)))
         start += int(size)
-    flat = vllm_format.FlatField(tuple(slices))
-    batched = vllm_format.BatchedField(keep_on_cpu=True)
+    flat = wire_format.FlatField(tuple(slices))
+    batched = wire_format.BatchedField(keep_on_cpu=True)
     return [
         {
-            "pixel_values": vllm_format.KwargsElement(pixels[a:b], flat),
-            "image_grid_thw": vllm_format.KwargsElement(grid[index], batched),
+            "pixel_values": wire_format.KwargsElement(pixels[a:b], flat),
+            "image_grid_thw": wire_format.KwargsElement(grid[index], batched),
         }
         for index, (a, b) in enumerate(slices)
     ]
@@ -225,12 +226,12 @@ class RenderApi:
     request_id: str | None = None
     large_answer: bool = True
 
-    def decode(self, body: bytes) -> openai_chat.RenderRequest:
+    def decode(self, body: bytes) -> chat_request.RenderRequest:
         reserved = (self.facts.image_token,) if self.facts.image_token else ()
         if self.chat:
-            request = openai_chat.parse_chat(body, reserved=reserved, max_images=self.limits.max_images)
+            request = chat_request.parse_chat(body, reserved=reserved, max_images=self.limits.max_images)
         else:
-            request = openai_chat.parse_completion(body, reserved=reserved)
+            request = chat_request.parse_completion(body, reserved=reserved)
         if request.model is not None and request.model != self.model.served_name:
             raise ModelNotFound(f"The model `{request.model}` does not exist.")
         if request.images and not self.facts.takes_images:
@@ -242,15 +243,15 @@ class RenderApi:
             )
         return request
 
-    def needs_fetch(self, request: openai_chat.RenderRequest) -> bool:
+    def needs_fetch(self, request: chat_request.RenderRequest) -> bool:
         return bool(request.urls)
 
-    async def fetch(self, request: openai_chat.RenderRequest) -> openai_chat.RenderRequest:
+    async def fetch(self, request: chat_request.RenderRequest) -> chat_request.RenderRequest:
         pending = request.urls
         bodies = await asyncio.gather(*(self.fetcher.fetch(source.url or "", source.what) for _, source in pending))
         return request.fetched({index: body for (index, _), body in zip(pending, bodies, strict=True)})
 
-    def process(self, processor: Any, request: openai_chat.RenderRequest) -> Rendered:
+    def process(self, processor: Any, request: chat_request.RenderRequest) -> Rendered:
         return render(processor, request, self.facts, self.model, self.limits)
 
     def encode(self, rendered: Rendered) -> pipeline.AnswerBody:

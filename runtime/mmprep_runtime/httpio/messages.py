@@ -1,6 +1,6 @@
 """What both HTTP APIs share on the wire: reading a bounded JSON body, and what a handler answers.
 
-A handler of either API (``preprocess``, ``vllm_endpoints``) reads its body through
+A handler of either API (``preprocess``, ``vllm_render_server``) reads its body through
 ``read_json_body`` (the Content-Type and the size limit checked before a byte is read) and
 returns an ``Answer``: the response and the time the engine spent decoding, which the server
 records. The server (``server.requests``) wraps every handler in readiness, admission, the

@@ -1,0 +1,61 @@
+"""The native ``RenderBackend``: vLLM's render API answered by mmprep's own stages
+(``stages.RenderApi``) on the clone-per-thread engine, the pool that also serves
+``/v1/preprocess``.
+
+A request it does not render exactly (a video, a tool list, a chat-template argument) raises
+``errors.BeyondFastPath``: a 4xx on its own, or the general backend's turn behind ``fallback``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from mmprep_runtime.backends.model_facts import ModelFacts
+from mmprep_runtime.backends.native import stages
+from mmprep_runtime.engine import core
+from mmprep_runtime.httpio import fetching
+from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
+from mmprep_runtime.settings import Limits
+
+
+class NativeBackend:
+    def __init__(self, engine: core.Engine, model: ModelFacts, limits: Limits, fetcher: fetching.Fetcher) -> None:
+        self.engine = engine
+        self.model = model
+        self.limits = limits
+        self.fetcher = fetcher
+
+    @property
+    def workers(self) -> int:
+        return self.engine.decision.processor_workers
+
+    @property
+    def busy(self) -> int:
+        return self.engine.pool.busy
+
+    @property
+    def busy_seconds(self) -> float:
+        return self.engine.pool.busy_seconds
+
+    def queued(self, in_flight: int) -> int:
+        # The engine's own queue: requests waiting for a worker thread, of every API alike.
+        return self.engine.pool.waiting
+
+    @property
+    def no_workers_reason(self) -> str | None:
+        return self.engine.pool.no_workers_reason
+
+    async def render(self, request: web.Request, body: bytes, *, chat: bool) -> Answer:
+        request_id = request.headers.get("X-Request-Id")
+        api = stages.RenderApi(self.engine.facts, self.model, self.limits, self.fetcher, chat, request_id=request_id)
+        served = await self.engine.serve(api, body)
+        return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self, timeout: float) -> None:
+        # The engine is the server's (it serves /v1/preprocess too): the server closes it.
+        return None
