@@ -135,7 +135,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     objects = list(plan.objects)
     if args.with_probe_job:
         reprobe = (meta.get("annotations") or {}).get(probe.ANNOTATION_REPROBE)
-        objects.insert(0, probe.render_job(owner, spec, policy, probe.probe_hash(spec, policy, reprobe)))
+        objects.insert(0, probe.job_manifest(owner, spec, policy, probe.probe_hash(spec, policy, reprobe)))
     sys.stdout.write("\n".join(lines) + "\n---\n" + yamlio.dump_all(objects))
     return 0
 

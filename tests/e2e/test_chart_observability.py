@@ -79,7 +79,7 @@ def test_every_metric_a_keda_trigger_queries_is_exported_under_the_servicemonito
     owner = identity.Owner(name="m", namespace="ns", uid="u")
     section = api.Autoscaling(maxReplicas=2, signal=signal, prometheus=api.Prometheus(serverAddress="http://p:9090"))
     (scaling,) = autoscaling.pool_scaling(owner, section, ["cpu"], autoscaling.ASSUMED).values()
-    query = autoscaling.render_scaled_object(owner, section, scaling)["spec"]["triggers"][0]["metadata"]["query"]
+    query = autoscaling.scaled_object_manifest(owner, section, scaling)["spec"]["triggers"][0]["metadata"]["query"]
     names = set(SERIES.findall(query))
     grouped = {n for n in names if n.startswith("mmprep_dev_")}
     # Selected by pool: without both labels the query would sum every pool's (or resource's) pods.

@@ -270,11 +270,11 @@ def test_values_schema_rejects_bad_values_with_the_field_named(values: dict, com
 
 
 def test_runtime_service_monitor_selects_the_services_the_operator_renders() -> None:
-    from mmprep_operator.logic import render
+    from mmprep_operator.logic import manifests
 
     rendered = template({"serviceMonitor": {"enabled": True}})
     monitor = one(rendered, "ServiceMonitor", "-runtime")
-    service = render.render_service(identity.Owner(name="demo", namespace="ns", uid="u"))
+    service = manifests.service(identity.Owner(name="demo", namespace="ns", uid="u"))
     labels = service["metadata"]["labels"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= labels.items(), f"{selector} does not select {labels}"

@@ -1,6 +1,6 @@
 """``spec.serving``: the runtime's request limits and the names it answers to.
 
-Each field is one ``mmprep-runtime serve`` flag (``logic.render`` writes them, only those set);
+Each field is one ``mmprep-runtime serve`` flag (``logic.manifests`` writes them, only those set);
 unset, the runtime's own default holds, and the description quotes it from the runtime's settings
 so that the two cannot drift apart silently.
 """

@@ -126,7 +126,7 @@ class ChildApplier:
             if not e.permanent or e.namespace_terminating:
                 raise
             if isinstance(e, ForeignObject):
-                # The Service is applied first (see render.render_children): a conflict on it
+                # The Service is applied first (see manifests.children): a conflict on it
                 # stops the apply before any Deployment exists whose pods nothing could reach.
                 problem = status.Problem(
                     Reason.NAME_CONFLICT, f"{e.message}; nothing of this resource is applied until it is resolved"

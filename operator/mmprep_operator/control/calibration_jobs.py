@@ -92,12 +92,12 @@ class CalibrationJobs:
     ) -> api.PoolCalibration:
         name = calibration.job_name(hash_)
 
-        def render_job() -> dict[str, Any]:
+        def job_manifest() -> dict[str, Any]:
             node = calibration.node_for(pool)
             assert node is not None  # unavailable_reason() rules out a pool without nodes
-            return calibration.render_job(owner, spec, self.policy, pool, node, hash_)
+            return calibration.job_manifest(owner, spec, self.policy, pool, node, hash_)
 
-        job, created, pods = await read_or_create_job(self.kube, owner, name, render_job)
+        job, created, pods = await read_or_create_job(self.kube, owner, name, job_manifest)
         if created:
             log.info("calibration job created", extra={"namespace": owner.namespace, "resource": owner.name, "job": name})
         selector = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}

@@ -60,7 +60,7 @@ class ProbeJobs:
         """The probe's state from its Job, which is created (or shared) here."""
         job_name = probe.job_name(hash_)
         job, created, pods = await read_or_create_job(
-            self.kube, owner, job_name, lambda: probe.render_job(owner, spec, self.policy, hash_)
+            self.kube, owner, job_name, lambda: probe.job_manifest(owner, spec, self.policy, hash_)
         )
         if created:
             self.metrics.probe_jobs.inc()

@@ -49,9 +49,9 @@ async def share_job(kube: KubeApi, owner: identity.Owner, job: Mapping[str, Any]
 
 
 async def read_or_create_job(
-    kube: KubeApi, owner: identity.Owner, name: str, render_job: Callable[[], dict[str, Any]]
+    kube: KubeApi, owner: identity.Owner, name: str, job_manifest: Callable[[], dict[str, Any]]
 ) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
-    """The Job ``name`` (created from ``render_job()`` when missing), whether this resource created
+    """The Job ``name`` (created from ``job_manifest()`` when missing), whether this resource created
     it, and its pods (a finished one's termination messages hold the answer; a running one's
     waiting state says why it cannot start).
 
@@ -61,7 +61,7 @@ async def read_or_create_job(
     job = await kube.get_job(owner.namespace, name)
     created = False
     if job is None:
-        job = await kube.create_job(render_job())
+        job = await kube.create_job(job_manifest())
         created = owned_by(job, owner)
     if not created:
         await share_job(kube, owner, job)  # a no-op when the resource is an owner already

@@ -133,7 +133,7 @@ def _target_ref(scaling: PoolScaling) -> dict[str, str]:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": scaling.deployment}
 
 
-def render_hpa(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any]:
+def hpa_manifest(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any]:
     """The pool's HPA on the runtime container's CPU utilization (not the pod's: a sidecar that
     idles would dilute it)."""
     spec: dict[str, Any] = {
@@ -197,7 +197,7 @@ def trigger(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) ->
     }
 
 
-def render_scaled_object(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any]:
+def scaled_object_manifest(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "scaleTargetRef": _target_ref(scaling),
         "minReplicaCount": scaling.min_replicas,
@@ -214,12 +214,12 @@ def render_scaled_object(owner: Owner, autoscaling: api.Autoscaling, scaling: Po
     }
 
 
-def render(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any] | None:
+def manifest(owner: Owner, autoscaling: api.Autoscaling, scaling: PoolScaling) -> dict[str, Any] | None:
     """The pool's HPA or ScaledObject; None for a held pool (no engine: nothing to ask)."""
     if scaling.engine == "HPA":
-        return render_hpa(owner, autoscaling, scaling)
+        return hpa_manifest(owner, autoscaling, scaling)
     if scaling.engine == "KEDA":
-        return render_scaled_object(owner, autoscaling, scaling)
+        return scaled_object_manifest(owner, autoscaling, scaling)
     return None
 
 

@@ -38,8 +38,7 @@ from mmprep_operator.logic import identity, jobs, naming, pod_parts
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.pools import Pool
 from mmprep_runtime import calibration_report
-from mmprep_runtime.sizing import Reason as WorkerReason
-from mmprep_runtime.sizing import WorkerDecision
+from mmprep_runtime.sizing import WorkerDecision, WorkerReason
 
 LABEL_COMPONENT_CALIBRATION: Final = "calibration"
 LABEL_CALIBRATION_HASH: Final = "mmprep.dev/calibration-hash"
@@ -167,7 +166,7 @@ def command(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> lis
     ]  # fmt: skip
 
 
-def render_job(
+def job_manifest(
     owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, pool: Pool, node: str, hash_: str
 ) -> dict[str, Any]:
     """The calibration Job: the runtime pod's container and placement, pinned to ``node``."""
@@ -181,7 +180,7 @@ def render_job(
     if spec.tolerations:
         placement["tolerations"] = list(spec.tolerations)
     settings = policy.calibration
-    return jobs.render_answering_job(
+    return jobs.answering_job_manifest(
         owner,
         spec,
         policy,

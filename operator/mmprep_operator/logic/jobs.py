@@ -20,7 +20,7 @@ DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
 _MESSAGE_TAIL: Final = 600
 
 
-def render_answering_job(
+def answering_job_manifest(
     owner: identity.Owner,
     spec: api.MultimodalPreprocessorSpec,
     policy: OperatorPolicy,

@@ -1,11 +1,11 @@
-"""Render the objects a resource serves with: the Service, and per pool a PodDisruptionBudget and a
-runtime Deployment.
+"""The manifests of the objects a resource serves with: the Service, and per pool a
+PodDisruptionBudget and a runtime Deployment (and its autoscaler, ``autoscaling.manifest``).
 
 Pure functions of (resource identity, spec, decisions, replica counts, policy): no I/O, so the
 ``render`` CLI, the golden tests and the reconciler produce the same objects byte for byte.
 
 Neighbours: ``identity`` (owner, labels, names), ``pod_parts`` (the pod pieces shared with the
-probe and calibration Jobs), ``plan`` (which calls ``render_children``).
+probe and calibration Jobs), ``plan`` (which calls ``children``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def runtime_flags(serving: api.ServingSpec) -> list[str]:
     return out
 
 
-def render_deployment(
+def deployment(
     owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision, replicas: int | None, policy: OperatorPolicy
 ) -> dict[str, Any]:
     """The pool's Deployment; ``replicas`` None leaves them out: an autoscaler owns them."""
@@ -212,7 +212,7 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner, spec: api.MultimodalPreprocessorSpec | None = None) -> dict[str, Any]:
+def service(owner: Owner, spec: api.MultimodalPreprocessorSpec | None = None) -> dict[str, Any]:
     port = serving_of(spec).port
     return {
         "apiVersion": "v1",
@@ -226,7 +226,7 @@ def render_service(owner: Owner, spec: api.MultimodalPreprocessorSpec | None = N
     }
 
 
-def render_disruption_budget(owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> dict[str, Any]:
+def disruption_budget(owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -241,7 +241,7 @@ def render_disruption_budget(owner: Owner, spec: api.MultimodalPreprocessorSpec,
     }
 
 
-def render_children(
+def children(
     owner: Owner,
     spec: api.MultimodalPreprocessorSpec,
     decisions: Sequence[PoolDecision],
@@ -254,14 +254,14 @@ def render_children(
     PodDisruptionBudget, its Deployment (the budget covers the pods from their start) and, for an
     autoscaled pool, its HPA or ScaledObject (after the Deployment it targets)."""
     scaling = scaling or {}
-    out = [render_service(owner, spec)]
+    out = [service(owner, spec)]
     for d in decisions:
         if spec.disruption.enabled:
-            out.append(render_disruption_budget(owner, spec, d))
+            out.append(disruption_budget(owner, spec, d))
         pool_scaling = scaling.get(d.pool.name)
         fixed = replicas.get(d.pool.name, 0) if pool_scaling is None else None
-        out.append(render_deployment(owner, spec, d, fixed, policy))
-        scaler = autoscaling.render(owner, spec.autoscaling, pool_scaling) if pool_scaling and spec.autoscaling else None
+        out.append(deployment(owner, spec, d, fixed, policy))
+        scaler = autoscaling.manifest(owner, spec.autoscaling, pool_scaling) if pool_scaling and spec.autoscaling else None
         if scaler is not None:
             out.append(scaler)
     return out

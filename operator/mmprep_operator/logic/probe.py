@@ -55,9 +55,11 @@ def job_name(hash_: str) -> str:
     return f"mmprep-probe-{hash_}"
 
 
-def render_job(owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str) -> dict[str, Any]:
+def job_manifest(
+    owner: identity.Owner, spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy, hash_: str
+) -> dict[str, Any]:
     """The probe Job. Owned (not controlled) by the first resource; others add themselves as owners."""
-    return jobs.render_answering_job(
+    return jobs.answering_job_manifest(
         owner,
         spec,
         policy,

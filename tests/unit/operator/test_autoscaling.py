@@ -49,7 +49,7 @@ def test_the_engine_follows_the_signal_and_what_the_cluster_has(
     a = section(signal=signal, prometheus={"serverAddress": "http://p:9090"})
     scaling = one(a, have)
     assert (scaling.engine, scaling.reason) == (engine, reason)
-    assert (autoscaling.render(OWNER, a, scaling) is None) == (engine == "None")
+    assert (autoscaling.manifest(OWNER, a, scaling) is None) == (engine == "None")
 
 
 def test_the_hpa_targets_the_pools_deployment_on_the_runtime_containers_cpu_with_the_behaviour() -> None:
@@ -59,7 +59,7 @@ def test_the_hpa_targets_the_pools_deployment_on_the_runtime_containers_cpu_with
         scaleUp={"stabilizationWindowSeconds": 0, "rate": {"pods": 4, "periodSeconds": 15}},
         scaleDown={"rate": {"percent": 10}},
     )
-    hpa = autoscaling.render_hpa(OWNER, a, one(a))
+    hpa = autoscaling.hpa_manifest(OWNER, a, one(a))
     assert hpa["apiVersion"] == "autoscaling/v2" and hpa["metadata"]["name"] == "m-h200"
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
     assert hpa["metadata"]["labels"]["mmprep.dev/pool"] == "h200"
@@ -76,7 +76,7 @@ def test_the_hpa_targets_the_pools_deployment_on_the_runtime_containers_cpu_with
         "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 15}]},
         "scaleDown": {"policies": [{"type": "Percent", "value": 10, "periodSeconds": 60}]},
     }
-    assert "behavior" not in autoscaling.render_hpa(OWNER, section(), one(section()))["spec"]
+    assert "behavior" not in autoscaling.hpa_manifest(OWNER, section(), one(section()))["spec"]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_the_scaled_object_queries_the_pools_runtime_series_with_the_target_as_t
         prometheus={"serverAddress": "http://prom:9090"},
         scaleDown={"stabilizationWindowSeconds": 600},
     )
-    obj = autoscaling.render_scaled_object(OWNER, a, one(a))
+    obj = autoscaling.scaled_object_manifest(OWNER, a, one(a))
     assert obj["apiVersion"] == "keda.sh/v1alpha1" and obj["kind"] == "ScaledObject"
     assert (obj["spec"]["minReplicaCount"], obj["spec"]["maxReplicaCount"]) == (1, 6)
     (trigger,) = obj["spec"]["triggers"]

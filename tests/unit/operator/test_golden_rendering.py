@@ -38,7 +38,7 @@ def render_case(cr_file: str, probe_file: str | None) -> list[dict[str, Any]]:
     owner = identity.Owner(meta["name"], meta["namespace"], meta["uid"])
     policy = OperatorPolicy()
     plan = make_plan(owner, spec, nodes, result, policy)
-    return [probe.render_job(owner, spec, policy, probe.probe_hash(spec, policy)), *plan.objects]
+    return [probe.job_manifest(owner, spec, policy, probe.probe_hash(spec, policy)), *plan.objects]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -45,8 +45,8 @@ def _jobs(spec: api.MultimodalPreprocessorSpec) -> list[dict[str, Any]]:
     nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
     pool = group(nodes, spec).pools[0]
     return [
-        probe.render_job(_owner(), spec, POLICY, "h"),
-        calibration.render_job(_owner(), spec, POLICY, pool, "node-a", "h"),
+        probe.job_manifest(_owner(), spec, POLICY, "h"),
+        calibration.job_manifest(_owner(), spec, POLICY, pool, "node-a", "h"),
     ]
 
 
