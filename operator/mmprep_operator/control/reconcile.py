@@ -9,14 +9,15 @@ before the children are applied (see ``report_first``).
 policy, and is composed here:
 
 - ``probe_jobs``: the probe's answer (status, cache, or its Job);
-- ``calibration_jobs``: each pool's measured worker count (status, cache, or its Job);
+- ``planner``: the plan, remade from each pool's measured worker count (``calibration_jobs``: status,
+  cache, or its Job) and the pool grouping of the current nodes;
 - ``applier``: server-side apply with its conflict policy, and prune of vanished pools;
 - ``autoscalers``: whether the cluster has metrics-server and KEDA (cached), for spec.autoscaling;
 - ``status_writer``: the status write (maybe conditional), which hands Events to ``event_poster``.
 
-The state kept between calls is optimisation only: the collaborators' caches, the pool grouping
-of the current nodes per placement (``pools.PoolingMemo``: resources that share a placement
-group the nodes once per change), and the newest resourceVersion of each resource this reconciler read or wrote.
+The state kept between calls is optimisation only: the collaborators' caches (the planner's pool
+grouping per placement among them), and the newest resourceVersion of each resource this
+reconciler read or wrote.
 
 Where the resource is read from: a pass that only writes status (a node change, a readiness
 change) starts from the watch's copy (``watched``) instead of a GET, when that copy is the newest
@@ -38,7 +39,7 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from pydantic import ValidationError
@@ -51,24 +52,14 @@ from mmprep_operator.control.calibration_jobs import CalibrationJobs
 from mmprep_operator.control.children import ChildStore
 from mmprep_operator.control.event_poster import DRAIN_SECONDS, EventPoster, utcnow
 from mmprep_operator.control.metrics import Metrics
+from mmprep_operator.control.planner import Planned, Planner
 from mmprep_operator.control.probe_jobs import ProbeJobs
 from mmprep_operator.control.reference_checker import RECHECK_SECONDS, ReferenceChecker
 from mmprep_operator.control.status_writer import StatusWriter
 from mmprep_operator.kube import ApiError, KubeApi
-from mmprep_operator.logic import (
-    autoscaling,
-    calibration,
-    identity,
-    naming,
-    pod_parts,
-    podstates,
-    pools,
-    probe,
-    references,
-    status,
-)
+from mmprep_operator.logic import identity, naming, pod_parts, podstates, probe, references, status
 from mmprep_operator.logic.nodes import NodeFacts
-from mmprep_operator.logic.plan import Plan, make_plan
+from mmprep_operator.logic.plan import Plan
 
 log = logging.getLogger("mmprep.operator.reconcile")
 
@@ -115,6 +106,21 @@ class _Read:
     previous: api.MultimodalPreprocessorStatus | None
     fresh: bool
 
+    @property
+    def generation(self) -> int | None:
+        return (self.body.get("metadata") or {}).get("generation")
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return (self.body.get("metadata") or {}).get("annotations") or {}
+
+    @property
+    def selector(self) -> str:
+        return identity.selector_string(self.owner)
+
+    def observation(self, **observed: Any) -> status.Observation:
+        return status.Observation(self.generation, self.selector, **observed)
+
 
 @dataclasses.dataclass
 class Reconciler:
@@ -138,22 +144,21 @@ class Reconciler:
     watched: Callable[[str, str], Mapping[str, Any] | None] = _no_copy
     # The collaborators, built from the fields above (see __post_init__).
     probes: ProbeJobs = dataclasses.field(init=False)
-    calibrations: CalibrationJobs = dataclasses.field(init=False)
+    planner: Planner = dataclasses.field(init=False)
     applier: ChildApplier = dataclasses.field(init=False)
     autoscalers: AutoscalerDetector = dataclasses.field(init=False)
     reference_checker: ReferenceChecker = dataclasses.field(init=False)
     events: EventPoster = dataclasses.field(init=False)
     writer: StatusWriter = dataclasses.field(init=False)
-    #: The pool grouping of the current nodes per placement, shared by resources that share one.
-    _poolings: pools.PoolingMemo = dataclasses.field(default_factory=pools.PoolingMemo)
     #: Per resource, the newest resourceVersion this reconciler read (a GET) or wrote (its status).
     _versions: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self, events_in_background: bool) -> None:
         self.probes = ProbeJobs(self.kube, self.policy, self.metrics)
-        self.calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
         self.applier = ChildApplier(self.kube, self.children)
         self.autoscalers = AutoscalerDetector(self.kube)
+        calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
+        self.planner = Planner(self.policy, self.nodes, calibrations, self.autoscalers)
         self.reference_checker = ReferenceChecker(self.kube)
         self.events = EventPoster(self.kube, self.clock, background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
@@ -214,107 +219,71 @@ class Reconciler:
             return Outcome("gone")
         owner = identity.Owner(name=name, namespace=namespace, uid=meta.get("uid"))
         read = _Read(owner, body, _parse_status(body.get("status")), fresh)
-        generation = meta.get("generation")
-        selector = identity.selector_string(owner)
-        annotations = meta.get("annotations") or {}
-
         try:
             spec = api.MultimodalPreprocessorSpec.model_validate(body.get("spec") or {})
         except ValidationError as e:
             # Only reachable when the CRD in the cluster is older/laxer than this operator.
-            obs = status.Observation(generation, selector, spec_error=api.describe_validation_error(e))
+            obs = read.observation(spec_error=api.describe_validation_error(e))
             return await self._finish(read, obs, Outcome("invalid"))
 
         missing = await self.reference_checker.missing(namespace, spec)
         if missing:
-            # Held: no probe, no apply, no prune; the status keeps the pools that serve.
-            previous = read.previous
-            kept = previous.pools if previous is not None else []
-            obs = status.Observation(
-                generation,
-                selector,
-                probe=previous.probe if previous is not None else None,
-                problem=references.problem(missing, namespace),
-                held=True,
-                deployments={
-                    p.deployment: self.children.deployment_state(namespace, p.deployment) or status.DeploymentState()
-                    for p in kept
-                },
-            )
-            return await self._finish(read, obs, Outcome("waiting", requeue_after=RECHECK_SECONDS))
+            return await self._finish(read, self._held(read, missing), Outcome("waiting", requeue_after=RECHECK_SECONDS))
 
-        hash_ = probe.probe_hash(spec, self.policy, annotations.get(probe.ANNOTATION_REPROBE))
+        hash_ = probe.probe_hash(spec, self.policy, read.annotations.get(probe.ANNOTATION_REPROBE))
         probe_status = self.probes.known(owner, hash_, read.previous)
         if probe_status is None:
             if not fresh:
                 return READ_AGAIN  # the Job is read (and maybe created) only for a freshly read spec
             probe_status = await self.probes.read(owner, spec, hash_)
         if probe_status.state != "Succeeded" or probe_status.result is None:
-            obs = status.Observation(generation, selector, probe=probe_status)
-            if probe_status.state == "Failed":
-                return await self._finish(read, obs, Outcome("waiting"))
-            deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
-            # Probe pods are not watched: a pod that cannot start (a missing Secret, which the
-            # operator may not read) changes no Job status, so look at it again soon.
-            waiting = Outcome("waiting", requeue_after=min(deadline + _PROBE_GRACE_SECONDS, _PROBE_POLL_SECONDS))
-            return await self._finish(read, obs, waiting)
+            return await self._finish(read, read.observation(probe=probe_status), self._probe_wait(spec, probe_status))
 
-        pooling = self._poolings.pooling_for(list(self.nodes()), spec)
-        nodes = self._poolings.nodes
-        have = await self.autoscalers.current() if spec.autoscaling is not None else autoscaling.ASSUMED
-        plan = make_plan(owner, spec, nodes, probe_status.result, self.policy, pooling=pooling, autoscalers=have)
-        calibrations: dict[str, api.PoolCalibration] = {}
-        calibrating = False
-        if calibration.wanted(spec, self.policy):
-            recalibrate = annotations.get(calibration.ANNOTATION_RECALIBRATE)
-            found = await self.calibrations.of(
-                owner, spec, plan, probe_status.result, read.previous, recalibrate, read_jobs=fresh
-            )
-            if found is None:
-                return READ_AGAIN  # the Jobs are read (and maybe created) only for a freshly read spec
-            calibrations = found
-            succeeded = {pool: c for pool, c in calibrations.items() if c.state == "Succeeded"}
-            measured = {pool: c.chosen_workers for pool, c in succeeded.items() if c.chosen_workers}
-            processes = {pool: c.chosen_render_processes for pool, c in succeeded.items() if c.chosen_render_processes}
-            calibrating = any(not calibration.settled(c.state) for c in calibrations.values())
-            if measured or processes:
-                plan = make_plan(
-                    owner,
-                    spec,
-                    nodes,
-                    probe_status.result,
-                    self.policy,
-                    pooling=pooling,
-                    measured=measured,
-                    autoscalers=have,
-                    measured_render_processes=processes,
-                )
+        planned = await self.planner.plan(owner, spec, probe_status, read.previous, read.annotations, read_jobs=fresh)
+        if planned is None:
+            return READ_AGAIN  # the Jobs are read (and maybe created) only for a freshly read spec
+        return await self._apply(read, planned)
 
-        def observed(
-            deployments: dict[str, status.DeploymentState],
-            problem: status.Problem | None,
-            pod_problems: Mapping[str, api.PoolProblem] | None = None,
-        ) -> status.Observation:
-            return status.Observation(
-                generation,
-                selector,
-                probe=probe_status,
-                problem=problem,
-                decisions=plan.decisions,
-                deployment_names=plan.deployment_names,
-                replicas=plan.replicas,
-                deployments=deployments,
-                calibrations=calibrations,
-                # The plan's (an image that cannot run there) wins over what the pods say.
-                pool_problems={**(pod_problems or {}), **plan.pool_problems},
-                scaling=plan.scaling,
-                autoscalers={
-                    pool: self.children.autoscaler(s.kind, namespace, s.deployment) if s.kind is not None else None
-                    for pool, s in plan.scaling.items()
-                },
-            )
+    def _held(self, read: _Read, missing: Sequence[references.Reference]) -> status.Observation:
+        """A resource whose references are missing: no probe, no apply, no prune; the status keeps
+        the pools that serve."""
+        previous, namespace = read.previous, read.owner.namespace
+        kept = previous.pools if previous is not None else []
+        return read.observation(
+            probe=previous.probe if previous is not None else None,
+            problem=references.problem(missing, namespace),
+            held=True,
+            deployments={
+                p.deployment: self.children.deployment_state(namespace, p.deployment) or status.DeploymentState() for p in kept
+            },
+        )
 
-        previous = read.previous
+    def _probe_wait(self, spec: api.MultimodalPreprocessorSpec, probe_status: api.ProbeStatus) -> Outcome:
+        if probe_status.state == "Failed":
+            return Outcome("waiting")
+        deadline = spec.probe.timeout_seconds or self.policy.probe.timeout_seconds
+        # Probe pods are not watched: a pod that cannot start (a missing Secret, which the
+        # operator may not read) changes no Job status, so look at it again soon.
+        return Outcome("waiting", requeue_after=min(deadline + _PROBE_GRACE_SECONDS, _PROBE_POLL_SECONDS))
+
+    def _observation(
+        self,
+        read: _Read,
+        planned: Planned,
+        deployments: Mapping[str, status.DeploymentState],
+        problem: status.Problem | None,
+        pod_problems: Mapping[str, api.PoolProblem] | None = None,
+    ) -> status.Observation:
+        namespace = read.owner.namespace
+        autoscalers = {
+            pool: self.children.autoscaler(s.kind, namespace, s.deployment) if s.kind is not None else None
+            for pool, s in planned.plan.scaling.items()
+        }
+        return planned.observation(read.generation, read.selector, deployments, problem, autoscalers, pod_problems)
+
+    async def _apply(self, read: _Read, planned: Planned) -> Outcome | ReadAgain:
+        """Apply the plan's children and report what came of it."""
+        owner, plan, previous = read.owner, planned.plan, read.previous
         if previous is not None and previous.pools and not self.applier.children_unchanged(plan):
             # Children must change. When the decided pools changed too (a node change, a spec
             # edit), report the decision before the applies: a node change makes every resource
@@ -322,13 +291,11 @@ class Reconciler:
             # delay each status by everyone's applies. Deployment states are the watch's for now;
             # the report after the applies refreshes them. Readiness is left out of the
             # comparison, so a second pass (``report_first``) goes straight to the applies.
-            early = observed(
-                {
-                    name: self.children.deployment_state(namespace, name) or status.DeploymentState()
-                    for name in plan.deployment_names.values()
-                },
-                plan.problem,
-            )
+            watched = {
+                name: self.children.deployment_state(owner.namespace, name) or status.DeploymentState()
+                for name in plan.deployment_names.values()
+            }
+            early = self._observation(read, planned, watched, plan.problem)
             if _decided(status.fold(previous, early, self.clock()).pools) != _decided(previous.pools):
                 reported = await self._report(read, early)
                 if reported is READ_AGAIN:
@@ -336,18 +303,20 @@ class Reconciler:
                 read = dataclasses.replace(read, previous=reported)
                 if self.report_first:
                     return Outcome("decided", requeue_after=0.0)
-        if not fresh and not self.applier.up_to_date(owner, plan):
+        if not read.fresh and not self.applier.up_to_date(owner, plan):
             return READ_AGAIN  # children to apply or prune: only from a freshly read spec
         applied = await self.applier.apply_plan(owner, plan)
-        failed = applied.problem is not None
-        pod_problems = self._pod_problems(owner, plan, applied.deployments) if not failed else {}
-        obs = observed(applied.deployments, applied.problem or plan.problem, pod_problems)
-        if failed:
-            return await self._finish(read, obs, Outcome("error"))
-        if calibrating:
+        if applied.problem is not None:
+            return await self._finish(
+                read, self._observation(read, planned, applied.deployments, applied.problem), Outcome("error")
+            )
+        pod_problems = self._pod_problems(owner, plan, applied.deployments)
+        obs = self._observation(read, planned, applied.deployments, plan.problem, pod_problems)
+        if planned.calibrating:
             # The Job's own events bring the result; this is the net under a lost watch event.
-            done = Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
-            return await self._finish(read, obs, done)
+            return await self._finish(
+                read, obs, Outcome("done", requeue_after=self.policy.calibration.timeout_seconds + _PROBE_GRACE_SECONDS)
+            )
         if any(s.engine == "None" for s in plan.scaling.values()):
             # Held pools: no event says that metrics-server or KEDA arrived; look again once
             # the detection's answer may have changed.
@@ -362,16 +331,7 @@ class Reconciler:
         self, owner: identity.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]
     ) -> dict[str, api.PoolProblem]:
         """Why pods are missing, per pool, read from the pods as the watch last showed them."""
-
-        def wanted(name: str, state: status.DeploymentState) -> int:
-            # An autoscaled pool wants what its autoscaler last set.
-            return state.desired if name in plan.scaling and state.desired is not None else plan.replicas.get(name, 0)
-
-        short = [
-            name
-            for name, deployment in plan.deployment_names.items()
-            if (state := deployments.get(deployment, status.DeploymentState())).ready_replicas < wanted(name, state)
-        ]
+        short = plan.pools_short_of_pods(deployments)
         if not short:
             return {}
         pods = self.children.pods(owner.namespace, identity.selector_labels(owner))

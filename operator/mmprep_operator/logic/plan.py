@@ -12,11 +12,11 @@ from typing import Any
 
 from mmprep_operator import api
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import autoscaling, identity, pod_parts, pools, render, replicas
+from mmprep_operator.logic import autoscaling, identity, manifests, pod_parts, pools, replicas
 from mmprep_operator.logic.conditions import Reason
 from mmprep_operator.logic.decide import PoolDecision, decide_pool
 from mmprep_operator.logic.nodes import NodeFacts
-from mmprep_operator.logic.status import Problem
+from mmprep_operator.logic.status import DeploymentState, Problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,19 @@ class Plan:
     def seed_of(self, deployment: str) -> int | None:
         """The starting count of an autoscaled pool's Deployment; None when its replicas are fixed."""
         return next((self.replicas[p] for p, s in self.scaling.items() if s.deployment == deployment), None)
+
+    def pools_short_of_pods(self, deployments: Mapping[str, DeploymentState]) -> list[str]:
+        """The pools whose Deployment has fewer ready pods than the pool wants."""
+
+        def wanted(pool: str, state: DeploymentState) -> int:
+            # An autoscaled pool wants what its autoscaler last set.
+            return state.desired if pool in self.scaling and state.desired is not None else self.replicas.get(pool, 0)
+
+        return [
+            pool
+            for pool, deployment in self.deployment_names.items()
+            if (state := deployments.get(deployment, DeploymentState())).ready_replicas < wanted(pool, state)
+        ]
 
 
 def image_platforms(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> list[str] | None:
@@ -127,7 +140,7 @@ def make_plan(
         # A blocked pool stays fixed at 0: no autoscaler could give it a pod that starts.
         scaling = autoscaling.pool_scaling(owner, spec.autoscaling, sorted(weights), autoscalers)
         counts |= {name: autoscaling.seed(counts[name], s) for name, s in scaling.items()}
-    objects = tuple(render.render_children(owner, spec, decisions, counts, policy, scaling))
+    objects = tuple(manifests.children(owner, spec, decisions, counts, policy, scaling))
     names = {d.pool.name: identity.deployment_name(owner, d.pool.name) for d in decisions}
     problem = placement_problem(spec, pooling) or _platform_problem(blocked, len(pooling.pools))
     return Plan(pooling, problem, decisions, counts, names, objects, blocked, scaling)
