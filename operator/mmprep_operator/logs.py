@@ -7,8 +7,7 @@ from typing import Final
 
 import kopf
 
-# LogRecord attributes that are not "extra" fields.
-_STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+from mmprep_runtime.logfields import STANDARD_RECORD_FIELDS
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -16,7 +15,11 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        extras = {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("k8s_") and k != "settings"}
+        extras = {
+            k: v
+            for k, v in vars(record).items()
+            if k not in STANDARD_RECORD_FIELDS and not k.startswith("k8s_") and k != "settings"
+        }
         if extras:
             line += " " + " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in extras.items())
         return line
