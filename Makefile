@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test unit lint gpu-check demo cluster-up cluster-down cluster-status control-plane crd vllm-venv
+.PHONY: venv test unit integration compat e2e lint gpu-check demo cluster-up cluster-down cluster-status control-plane crd vllm-venv
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,20 @@ venv: $(VENV)/.installed
 test: venv control-plane vllm-venv
 	$(PY) -m pytest tests --durations=25
 
+# Each tier alone (docs/development.md, "Tests", has what each covers and takes). integration and
+# e2e share the local control plane (tests/conftest.py starts it when absent); e2e also needs the
+# images and the kind node image, which `make images kind-node-image` builds (CI: hack/ci-build.sh).
 unit: venv
 	$(PY) -m pytest tests/unit
+
+integration: venv control-plane
+	$(PY) -m pytest tests/integration --durations=10
+
+compat: venv vllm-venv
+	$(PY) -m pytest tests/compat --durations=10
+
+e2e: venv control-plane
+	$(PY) -m pytest -rs tests/e2e --durations=10
 
 # Lint, format, types and layers; configured in pyproject.toml. Runs every check, then fails if any did.
 lint: venv
