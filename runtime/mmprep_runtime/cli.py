@@ -114,6 +114,12 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "'--limit-mm-per-prompt {\"image\":4} --allowed-local-media-path /data' (default: env MMPREP_VLLM_ARGS)",
     )
     serve.add_argument(
+        "--api-key",
+        default=None,
+        help="vLLM render API: the key the paths vLLM guards (/v1, /v2, /inference) ask for as 'Authorization: Bearer "
+        "KEY', on both paths (default: env VLLM_API_KEY, else none)",
+    )
+    serve.add_argument(
         "--served-model-name", default=None, help="vLLM render API: the model name /v1/models answers (default: --model as given)"
     )
     serve.add_argument(

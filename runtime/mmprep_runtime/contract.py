@@ -43,6 +43,8 @@ ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
 ENV_RENDER_PATH: Final = "MMPREP_RENDER_PATH"
 ENV_RENDER_PROCESSES: Final = "MMPREP_RENDER_PROCESSES"
 ENV_VLLM_ARGS: Final = "MMPREP_VLLM_ARGS"
+#: vLLM's own name for the API key (a pod takes it from a Secret through ``spec.env``).
+ENV_API_KEY: Final = "VLLM_API_KEY"
 #: The drain on SIGTERM (``DrainEnv``): seconds of serving while not ready, then the most seconds
 #: in-flight requests may take.
 ENV_DRAIN_SECONDS: Final = "MMPREP_DRAIN_SECONDS"

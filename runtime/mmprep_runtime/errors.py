@@ -46,6 +46,15 @@ class BeyondFastPath(BadRequest):
     code = "beyond_fast_path"
 
 
+class NeedsVllm(RequestError):
+    """A route the native path has no exact answer for (derender, tokenize, the Anthropic and
+    Responses renders), in a server without vLLM installed to answer it. Where vLLM is
+    installed, the general path answers it instead."""
+
+    status = 501
+    code = "needs_vllm"
+
+
 class BadMedia(RequestError):
     """An image or audio item is not decodable: bad base64, not an image, truncated."""
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from mmprep_runtime import sizing
 from mmprep_runtime.contract import (
+    ENV_API_KEY,
     ENV_DEVICE,
     ENV_DRAIN_SECONDS,
     ENV_FAST_PATHS,
@@ -132,6 +133,9 @@ class RenderSettings:
     #: More options for vLLM's render processes, under vLLM's names (``--limit-mm-per-prompt``,
     #: ``--allowed-local-media-path``, ``--mm-processor-cache-gb``, ...).
     vllm_args: tuple[str, ...] = ()
+    #: The key vLLM's guarded paths ask for (vLLM's ``--api-key``, or its ``VLLM_API_KEY`` env);
+    #: checked by this server's front, for both paths. Never printed.
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +309,10 @@ def render_settings_from_args(args: argparse.Namespace, environ: Mapping[str, st
         vllm_args = tuple(shlex.split(vllm_text))
     except ValueError as exc:
         raise SettingsError(f"--vllm-args cannot be split into options: {exc}") from None
+    if any(a.split("=", 1)[0] == "--api-key" for a in vllm_args):
+        # The front answers every guarded path, the native path's too: the key must be its own.
+        raise SettingsError("give the API key as --api-key (or env VLLM_API_KEY), not in --vllm-args")
+    api_key = getattr(args, "api_key", None) or environ.get(ENV_API_KEY) or None
     return RenderSettings(
         normalized_pixels=normalized,
         served_model_name=getattr(args, "served_model_name", None),
@@ -313,4 +321,5 @@ def render_settings_from_args(args: argparse.Namespace, environ: Mapping[str, st
         path=path,
         processes=processes,
         vllm_args=vllm_args,
+        api_key=api_key,
     )

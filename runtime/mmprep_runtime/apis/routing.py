@@ -28,6 +28,8 @@ class Serving:
     limits: Limits
     #: When the server started (Unix seconds): vLLM's model card says it.
     started: int
+    #: The key vLLM's guarded paths ask for (``--api-key``); None: open.
+    api_key: str | None = None
 
 
 Handler = Callable[[web.Request, Serving], Awaitable[Answer]]

@@ -1,14 +1,20 @@
-"""The vLLM render API's HTTP endpoints: same paths, bodies, answers and error shape as vLLM's
-render server (``POST /v1/chat/completions/render``, ``POST /v1/completions/render``,
-``GET /v1/models``).
+"""vLLM's render server over HTTP: the same routes, bodies, answers and error shape as
+``vllm launch render`` (every ``protocol.Operation``: the chat, completion, Anthropic Messages and
+Responses renders, the chat and completion derenders, ``/tokenize``, ``/detokenize``,
+``/tokenizer_info``; and ``GET /v1/models``).
 
-A render request's body goes to the server's ``RenderBackend`` (native, vLLM's processes, or
-the one with the other behind it: the backend's business, not this adapter's); the model card is
-built from ``model_facts.ModelFacts``. Errors are vLLM's JSON (``error_response``, ``error_body``).
+Each request's body goes to the server's ``RenderBackend`` with its operation (native, vLLM's
+processes, or the one with the other behind it: the backend's business, not this adapter's); the
+model card is built from ``model_facts.ModelFacts``. Errors are vLLM's JSON (``error_response``,
+``error_body``). With an API key (``--api-key``, or ``VLLM_API_KEY`` as vLLM reads it), the
+paths vLLM guards (``/v1``, ``/v2``, ``/inference``, ``/cohere``) answer vLLM's 401 without it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
@@ -16,6 +22,7 @@ from aiohttp import web
 from mmprep_runtime import errors
 from mmprep_runtime.apis.routing import Route, Serving
 from mmprep_runtime.backends import model_facts
+from mmprep_runtime.backends.protocol import Operation
 from mmprep_runtime.httpio.messages import Answer, read_json_body
 
 _ERROR_TYPES: Final = {
@@ -46,21 +53,40 @@ def error_response(error: errors.RequestError) -> web.Response:
     )
 
 
-async def _render(request: web.Request, serving: Serving, *, chat: bool) -> Answer:
-    # The body is read once, here: a native backend may hand it on to the general one.
-    body = await read_json_body(request, serving.limits)
-    return await serving.renderer.render(request, body, chat=chat)
+#: The path prefixes vLLM's API key guards; the others (``/tokenize``, ``/health``) stay open.
+GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
 
 
-async def render_chat(request: web.Request, serving: Serving) -> Answer:
-    return await _render(request, serving, chat=True)
+def authorized(request: web.Request, api_key: str | None) -> bool:
+    """Whether ``request`` may be answered: as vLLM's authentication middleware decides (a
+    ``Bearer`` token equal to the key, compared in constant time, on the guarded paths)."""
+    if api_key is None or request.method == "OPTIONS" or not request.path.startswith(GUARDED_PREFIXES):
+        return True
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), hashlib.sha256(api_key.encode()).digest())
 
 
-async def render_completion(request: web.Request, serving: Serving) -> Answer:
-    return await _render(request, serving, chat=False)
+def _unauthorized() -> Answer:
+    return Answer(web.json_response({"error": "Unauthorized"}, status=401), 0.0)
+
+
+def _handler(operation: Operation) -> Callable[[web.Request, Serving], Awaitable[Answer]]:
+    async def handle(request: web.Request, serving: Serving) -> Answer:
+        if not authorized(request, serving.api_key):
+            return _unauthorized()
+        # The body is read once, here: a native backend may hand it on to the general one.
+        body = await read_json_body(request, serving.limits) if request.method == "POST" else b""
+        return await serving.renderer.answer(request, body, operation)
+
+    handle.__name__ = f"handle_{operation.name.lower()}"
+    return handle
 
 
 async def models(request: web.Request, serving: Serving) -> Answer:
+    if not authorized(request, serving.api_key):
+        return _unauthorized()
     return Answer(web.json_response(model_list(serving.model, serving.started)), 0.0)
 
 
@@ -94,7 +120,7 @@ def model_list(model: model_facts.ModelFacts, started: int) -> dict[str, Any]:
 
 
 ROUTES: Final = (
-    Route("POST", "/v1/chat/completions/render", render_chat, error_response),
-    Route("POST", "/v1/completions/render", render_completion, error_response),
+    *(Route("POST", op.value, _handler(op), error_response) for op in Operation if op is not Operation.TOKENIZER_INFO),
+    Route("GET", Operation.TOKENIZER_INFO.value, _handler(Operation.TOKENIZER_INFO), error_response, admitted=False),
     Route("GET", "/v1/models", models, error_response, admitted=False),
 )

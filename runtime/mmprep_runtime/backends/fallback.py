@@ -1,6 +1,7 @@
-"""A backend with a second one behind it: what the first does not render exactly
-(``errors.BeyondFastPath``) the second renders, so a native family keeps vLLM's answers for
-videos, tool lists and chat-template arguments while its images take the fast path.
+"""A backend with a second one behind it: what the first does not answer exactly
+(``errors.BeyondFastPath``, ``errors.NeedsVllm``) the second answers, so a native family keeps
+vLLM's answers for videos, tool lists, chat-template arguments and the routes the native path
+does not serve (derender, tokenize, ...) while its images take the fast path.
 
 Everything the server reads (workers, load, readiness) is the first backend's: it serves the
 requests; the second serves the few the first hands on.
@@ -13,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.backends.protocol import RenderBackend
+from mmprep_runtime.backends.protocol import Operation, RenderBackend
 from mmprep_runtime.httpio.messages import Answer
 
 
@@ -41,11 +42,11 @@ class WithFallback:
     def no_workers_reason(self) -> str | None:
         return self.primary.no_workers_reason
 
-    async def render(self, request: web.Request, body: bytes, *, chat: bool) -> Answer:
+    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
         try:
-            return await self.primary.render(request, body, chat=chat)
-        except errors.BeyondFastPath:
-            return await self.fallback.render(request, body, chat=chat)
+            return await self.primary.answer(request, body, operation)
+        except (errors.BeyondFastPath, errors.NeedsVllm):
+            return await self.fallback.answer(request, body, operation)
 
     def info(self) -> dict[str, Any]:
         return {**self.primary.info(), **self.fallback.info()}

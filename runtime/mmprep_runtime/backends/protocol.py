@@ -1,18 +1,34 @@
-"""The backend seam: what the server asks of whatever renders vLLM render-API requests.
+"""The backend seam: what the server asks of whatever answers vLLM render-server requests.
 
 The server admits requests by ``workers``, reports ``busy``, ``busy_seconds`` and ``queued`` as
-metrics, refuses requests while ``no_workers_reason`` says so, hands each request's body to
-``render`` and closes the backend at shutdown. It never learns which engine answers: a native
-backend and vLLM's processes look the same from here.
+metrics, refuses requests while ``no_workers_reason`` says so, hands each request's body and its
+``Operation`` to ``answer`` and closes the backend at shutdown. It never learns which engine
+answers: a native backend and vLLM's processes look the same from here.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from mmprep_runtime.httpio.messages import Answer
+
+
+class Operation(enum.Enum):
+    """What a request to vLLM's render server asks for; the value is its route's path."""
+
+    CHAT_RENDER = "/v1/chat/completions/render"
+    COMPLETION_RENDER = "/v1/completions/render"
+    MESSAGES_RENDER = "/v1/messages/render"
+    RESPONSES_RENDER = "/v1/responses/render"
+    CHAT_DERENDER = "/v1/chat/completions/derender"
+    COMPLETION_DERENDER = "/v1/completions/derender"
+    TOKENIZE = "/tokenize"
+    DETOKENIZE = "/detokenize"
+    #: A GET, answered only under vLLM's ``--enable-tokenizer-info-endpoint`` (404 otherwise).
+    TOKENIZER_INFO = "/tokenizer_info"
 
 
 class RenderBackend(Protocol):
@@ -40,8 +56,8 @@ class RenderBackend(Protocol):
         """Why it can render nothing now (every worker lost), or None."""
         ...
 
-    async def render(self, request: web.Request, body: bytes, *, chat: bool) -> Answer:
-        """The answer to one render request (a chat, or a completion), its body read already."""
+    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
+        """The answer to one request for ``operation``, its body read already (empty for a GET)."""
         ...
 
     def info(self) -> dict[str, Any]:

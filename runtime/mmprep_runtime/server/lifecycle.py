@@ -41,7 +41,7 @@ def install_engine(
     state.metrics.describe_engine(engine.info())
     state.render_path = rendering.path
     state.engine = engine
-    state.serving = Serving(engine, renderer, model, state.settings.limits, state.started)
+    state.serving = Serving(engine, renderer, model, state.settings.limits, state.started, state.settings.render.api_key)
     state.metrics.ready.set(1)
 
 

@@ -258,3 +258,47 @@ async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_
     assert status == 400 and "no chat template" in answer["error"]["message"], answer
     status, answer = await running.render({"prompt": "The quick brown fox"}, "/v1/completions/render")
     assert status == 200 and answer[0]["token_ids"] and "features" not in answer[0], answer
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions/derender", {"generate_response": {"choices": [{"index": 0, "token_ids": [1]}]}}),
+        ("/v1/completions/derender", {"generate_responses": []}),
+        ("/v1/messages/render", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses/render", {"input": "hi"}),
+        ("/tokenize", {"prompt": "hi"}),
+        ("/detokenize", {"tokens": [1, 2]}),
+    ],
+)
+async def test_without_vllm_the_routes_beyond_render_say_which_image_serves_them(start_render, qwen_dir, path, body):
+    # This environment has no vLLM: the native path renders, and refuses what needs vLLM's code.
+    running = await start_render(qwen_dir)
+    status, answer = await running.render(body, path)
+    assert status == 501, answer
+    assert answer["error"]["type"] == "NotImplementedError" and answer["error"]["code"] == 501
+    assert path in answer["error"]["message"] and "mmprep-runtime-vllm" in answer["error"]["message"]
+    status, _ = await running.render({"prompt": "The quick brown fox", "max_tokens": 5}, "/v1/completions/render")
+    assert status == 200, "the pool keeps serving"
+
+
+async def test_an_api_key_guards_the_paths_vllm_guards(start_render, qwen_dir):
+    running = await start_render(qwen_dir, api_key="s3cret")
+    completion = {"prompt": "The quick brown fox", "max_tokens": 5}
+
+    async def post(path: str, body: Any, authorization: str | None) -> tuple[int, Any]:
+        headers = {"Authorization": authorization} if authorization is not None else {}
+        async with running.client.post(running.url + path, json=body, headers=headers) as response:
+            return response.status, await response.json(content_type=None)
+
+    for wrong in (None, "Bearer nope", "Basic s3cret", "s3cret"):
+        assert await post("/v1/completions/render", completion, wrong) == (401, {"error": "Unauthorized"}), wrong
+    assert (await post("/v1/completions/render", completion, "Bearer s3cret"))[0] == 200
+    async with running.client.get(running.url + "/v1/models") as response:
+        assert response.status == 401
+    async with running.client.get(running.url + "/v1/models", headers={"Authorization": "bearer s3cret"}) as response:
+        assert response.status == 200
+    # vLLM leaves /tokenize and the probes open: here /tokenize is the native path's 501, not a 401.
+    assert (await post("/tokenize", {"prompt": "hi"}, None))[0] == 501
+    async with running.client.get(running.url + "/health") as response:
+        assert response.status == 200

@@ -4,6 +4,10 @@
 
 A request it does not render exactly (a video, a tool list, a chat-template argument) raises
 ``errors.BeyondFastPath``: a 4xx on its own, or the general backend's turn behind ``fallback``.
+The other routes of vLLM's render server (derender, tokenize, the Anthropic and Responses
+renders) need vLLM's own code (its detokenizer, its parsers, its request conversions): they raise
+``errors.NeedsVllm``, the general backend's turn where vLLM is installed, a 501 naming the image
+that serves them where it is not.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
+from mmprep_runtime import errors
 from mmprep_runtime.backends.model_facts import ModelFacts
 from mmprep_runtime.backends.native import stages
+from mmprep_runtime.backends.protocol import Operation
 from mmprep_runtime.engine import core
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
@@ -47,7 +53,14 @@ class NativeBackend:
     def no_workers_reason(self) -> str | None:
         return self.engine.pool.no_workers_reason
 
-    async def render(self, request: web.Request, body: bytes, *, chat: bool) -> Answer:
+    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
+        if operation not in (Operation.CHAT_RENDER, Operation.COMPLETION_RENDER):
+            raise errors.NeedsVllm(
+                f"{operation.value} is answered by vLLM's own code, which this server does not have: "
+                "serve the model from the mmprep-runtime-vllm image (mmprep[vllm]), which answers every "
+                "route of vLLM's render server"
+            )
+        chat = operation is Operation.CHAT_RENDER
         request_id = request.headers.get("X-Request-Id")
         api = stages.RenderApi(self.engine.facts, self.model, self.limits, self.fetcher, chat, request_id=request_id)
         served = await self.engine.serve(api, body)

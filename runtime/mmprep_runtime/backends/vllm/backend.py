@@ -1,6 +1,7 @@
-"""The vLLM ``RenderBackend``: requests rendered by vLLM's own render server in worker processes
-(``worker_pool``), reached through ``forwarding``. It answers for every model the installed vLLM
-renders, exactly as that vLLM answers.
+"""The vLLM ``RenderBackend``: requests answered by vLLM's own render server in worker processes
+(``worker_pool``), reached through ``forwarding``. It answers every route of that server
+(render, derender, tokenize, the Anthropic and Responses renders) for every model the installed
+vLLM renders, exactly as that vLLM answers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from mmprep_runtime.backends.protocol import Operation
 from mmprep_runtime.backends.vllm import forwarding, worker_pool
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import Answer
@@ -55,9 +57,10 @@ class VllmBackend:
     def no_workers_reason(self) -> str | None:
         return self.pool.no_workers_reason
 
-    async def render(self, request: web.Request, body: bytes, *, chat: bool) -> Answer:
+    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
+        # Every route is vLLM's own: the request goes to a render process as it came.
         headers = {name: value for name in _FORWARDED_HEADERS if (value := request.headers.get(name)) is not None}
-        return Answer(await self.forwarder.render(request, body, headers), 0.0)
+        return Answer(await self.forwarder.forward(request, body, headers), 0.0)
 
     def info(self) -> dict[str, Any]:
         return {"general": self.pool.info()}

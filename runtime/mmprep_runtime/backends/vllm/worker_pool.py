@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
+from mmprep_runtime.contract import ENV_API_KEY
 from mmprep_runtime.settings import RenderSettings
 from mmprep_runtime.versions import vllm_version
 
@@ -155,6 +156,9 @@ class VllmWorkerPool:
         self.vllm_args = tuple(vllm_args)
         self.version = vllm_version()
         self._env = dict(os.environ if env is None else env)
+        # The front checks the API key for both paths; a render process that read it too would
+        # refuse the requests the front forwards without their Authorization header.
+        self._env.pop(ENV_API_KEY, None)
         self._dir = _socket_dir(processes)
         self._workers = [_Worker(i, _endpoint(self._dir, i), os.path.join(self._dir, f"w{i}.log")) for i in range(processes)]
         self._lock = threading.Lock()
