@@ -68,6 +68,18 @@ def test_render_settings_from_flags_and_env() -> None:
     assert render_settings_from_args(_args(), {}).path == "auto"
 
 
+def test_the_api_key_comes_from_its_flag_or_vllms_env_and_never_from_vllm_args() -> None:
+    def parsed(environ: dict[str, str], **flags: Any) -> RenderSettings:
+        return render_settings_from_args(argparse.Namespace(**flags), environ)
+
+    assert parsed({}).api_key is None
+    assert parsed({"VLLM_API_KEY": "from-env"}).api_key == "from-env"
+    assert parsed({"VLLM_API_KEY": "from-env"}, api_key="from-flag").api_key == "from-flag"
+    assert "from-flag" not in repr(parsed({}, api_key="from-flag")), "the key is never printed"
+    with pytest.raises(SettingsError, match="--api-key"):
+        parsed({}, vllm_args="--api-key k")
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -128,6 +140,46 @@ def test_media_urls_are_fetched_here_and_handed_on_as_data_uris() -> None:
         "data:image/png;base64,AAAA",
     ]
     assert fetcher.fetched == ["https://example.com/a.jpg", "https://example.com/v.mp4"]
+
+
+def test_anthropic_and_responses_media_urls_are_fetched_here_too() -> None:
+    fetcher = _FakeFetcher({"https://example.com/a.jpg": b"JPEG", "https://example.com/b.jpg": b"JPEG2"})
+    inlined = "data:application/octet-stream;base64,"
+    anthropic = {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/b.jpg"}}],
+                    }
+                ],
+            },
+        ],
+    }
+    out = json.loads(asyncio.run(forwarding.prepare(json.dumps(anthropic).encode(), fetcher))[0])
+    assert out["messages"][0]["content"][0]["source"]["url"] == inlined + base64.b64encode(b"JPEG").decode()
+    assert out["messages"][1]["content"][0]["content"][0]["source"]["url"] == inlined + base64.b64encode(b"JPEG2").decode()
+    responses = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.jpg"}]}]}
+    out = json.loads(asyncio.run(forwarding.prepare(json.dumps(responses).encode(), fetcher))[0])
+    assert out["input"][0]["content"][0]["image_url"].startswith(inlined)
+    private = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://10.0.0.1/x.jpg"}]}]}
+    with pytest.raises(errors.RequestError, match=r"input\[0\]\.content\[0\]\.image_url.*not a public address"):
+        asyncio.run(forwarding.prepare(json.dumps(private).encode(), fetcher))
+
+
+def test_a_local_file_url_is_a_400_unless_vllm_may_read_a_folder() -> None:
+    body = _chat({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}})
+    with pytest.raises(errors.BadMedia, match=r"messages\[0\]\.content\[0\]\.image_url: cannot load local files") as caught:
+        asyncio.run(forwarding.prepare(body, _FakeFetcher({})))
+    assert caught.value.status == 400
+    # Given --allowed-local-media-path, vLLM's own rules decide (the body goes on as it came).
+    assert asyncio.run(forwarding.prepare(body, _FakeFetcher({}), local_files=True))[0] is body
 
 
 def test_a_body_without_urls_goes_on_byte_for_byte() -> None:

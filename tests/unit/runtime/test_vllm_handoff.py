@@ -46,6 +46,8 @@ async def render_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 class FakePool:
     """The pool's leasing (processes, lease, lost) over given sockets; no processes started."""
 
+    vllm_args: tuple[str, ...] = ()
+
     def __init__(self, handoff_paths: list[str]) -> None:
         self.paths = handoff_paths
         self.lost_paths: list[str] = []
@@ -84,9 +86,9 @@ async def front(pool: FakePool) -> AsyncIterator[str]:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         try:
-            return await renderer.render(request, body, {"X-Request-Id": request.headers.get("X-Request-Id", "")})
+            return await renderer.forward(request, body, {"X-Request-Id": request.headers.get("X-Request-Id", "")})
         except errors.RequestError as error:
-            return web.json_response({"error": error.message}, status=error.status)
+            return web.json_response({"error": error.message}, status=error.status, headers=error.headers)
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions/render", handle)
@@ -162,24 +164,60 @@ async def test_a_process_that_refuses_is_skipped_for_the_next(tmp_path) -> None:
     assert pool.lost_paths == [dead]
 
 
-async def test_a_process_that_dies_holding_the_request_is_a_retryable_503(tmp_path) -> None:
-    path = str(tmp_path / "w0.handoff.sock")
+def _dying_process(path: str) -> tuple[socket.socket, asyncio.Task[None]]:
+    """A render process's socket on ``path`` that takes one request and dies holding it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
     listener.setblocking(False)
-    pool = FakePool([path])
 
     async def die_after_the_request() -> None:
         conversation, _ = await asyncio.get_running_loop().sock_accept(listener)
         await asyncio.get_running_loop().sock_recv(conversation, 1 << 16)
         conversation.close()  # as a process killed mid-request: no answer, the conversation ends
 
-    dying = asyncio.create_task(die_after_the_request())
+    return listener, asyncio.create_task(die_after_the_request())
+
+
+async def test_a_request_whose_process_dies_before_answering_is_retried_once_on_another(tmp_path) -> None:
+    dying, live = str(tmp_path / "w0.handoff.sock"), str(tmp_path / "w1.handoff.sock")
+    listener, died = _dying_process(dying)
+    pool = FakePool([dying, live])
+    async with render_process(live), front(pool) as url, aiohttp.ClientSession() as client:
+        async with client.post(url, data=b"{}", headers={"X-Request-Id": "r-1"}) as response:
+            assert response.status == 200 and await response.read() == ANSWER
+            assert json.loads(response.headers["X-Asked"])["request_id"] == "r-1"
+    await died
+    listener.close()
+    assert pool.lost_paths == [dying]
+
+
+async def test_a_request_that_ends_two_processes_is_a_retryable_503_not_sent_to_a_third(tmp_path) -> None:
+    paths = [str(tmp_path / f"w{i}.handoff.sock") for i in range(3)]
+    dying = [_dying_process(p) for p in paths[:2]]
+    pool = FakePool(paths)
+    async with render_process(paths[2]), front(pool) as url, aiohttp.ClientSession() as client:
+        async with client.post(url, data=b"{}") as response:
+            assert response.status == 503, await response.text()
+            assert response.headers["Retry-After"] == "1"
+            assert "render process stopped" in (await response.json())["error"]
+        # The third process was never sent it, and serves the next request.
+        async with client.post(url, data=b"{}") as response:
+            assert response.status == 200
+    for listener, died in dying:
+        await died
+        listener.close()
+    assert pool.lost_paths == paths[:2]
+
+
+async def test_a_lone_process_that_dies_holding_the_request_is_a_retryable_503(tmp_path) -> None:
+    path = str(tmp_path / "w0.handoff.sock")
+    listener, died = _dying_process(path)
+    pool = FakePool([path])
     async with front(pool) as url, aiohttp.ClientSession() as client, client.post(url, data=b"{}") as response:
         assert response.status == 503, await response.text()
         assert "render process stopped" in (await response.json())["error"]
-    await dying
+    await died
     listener.close()
     assert pool.lost_paths == [path]
 

@@ -1,5 +1,6 @@
-"""The general render path's HTTP side: a render request forwarded to one of vLLM's own render
-processes (``backends.vllm.worker_pool``), its answer returned as vLLM wrote it.
+"""The general render path's HTTP side: a request to vLLM's render server (render, derender,
+tokenize, the Anthropic and Responses renders) forwarded to one of vLLM's own render processes
+(``backends.vllm.worker_pool``), its answer returned as vLLM wrote it.
 
 The request goes with its client's connection (``backends.vllm.handoff``): the process answers
 status, headers and length, this server writes the status line and headers (so the answer
@@ -10,8 +11,10 @@ this process. A connection without a socket to pass (none here) is forwarded ove
 What mmprep adds in front of vLLM, and nothing else:
 - media URLs are fetched here, under mmprep's rules (public addresses only unless allowed, every
   redirect checked, a size cap and timeouts: ``fetching.Fetcher``), and handed to vLLM inline as
-  base64 data URIs. vLLM decodes a URL's bytes and a data URI's bytes the same way, so the answer
-  does not change, but vLLM never reaches the network on a client's say-so;
+  base64 data URIs, in every body shape vLLM loads media from (chat parts, Anthropic sources,
+  Responses ``input_image``). vLLM decodes a URL's bytes and a data URI's bytes the same way, so
+  the answer does not change, but vLLM never reaches the network on a client's say-so; a
+  ``file:`` URL is a 400 unless vLLM was allowed a local folder;
 - when vLLM answers a request with inline audio with a server error, and a clip of it is one no
   decoder can open, the answer is a 400 naming the clip instead (vLLM 0.33 answers 500, a server
   error that tells a client to retry its bad file). Clips are looked at only then: opening a 10 s
@@ -19,7 +22,8 @@ What mmprep adds in front of vLLM, and nothing else:
   vLLM renders needs no second opinion;
 - the request is leased to the process with the fewest requests in flight;
 - a process that cannot be connected to is skipped (the request goes to the next one); one that
-  dies mid-request gives a retryable 503; the pool restarts either.
+  dies holding a request, before any byte of its answer reached the client, has it retried once
+  on another process (a second loss is a retryable 503); the pool restarts either.
 
 Everything else (the chat template, every modality, vLLM's limits such as ``--limit-mm-per-prompt``
 and ``--allowed-local-media-path``, the answer and every error's shape) is vLLM's own code.
@@ -70,16 +74,39 @@ def _content_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
                 yield part, f"messages[{m}].content[{p}]"
 
 
-def _url_parts(body: Any) -> Iterator[tuple[dict[str, Any], str]]:
-    """Each (URL object, where) of the chat messages' media parts with an http(s) URL."""
-    for part, where in _content_parts(body):
-        for key in _URL_PARTS:
-            target = part.get(key)
-            if not isinstance(target, dict):
-                continue
-            url = target.get("url")
-            if isinstance(url, str) and url[:5].lower() != "data:" and url.split(":", 1)[0].lower() in ("http", "https"):
-                yield target, f"{where}.{key}"
+def _objects(value: Any, where: str) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every JSON object inside ``value`` (itself included), with where it is."""
+    if isinstance(value, dict):
+        yield value, where
+        for key, item in value.items():
+            yield from _objects(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _objects(item, f"{where}[{i}]")
+
+
+def _media_urls(body: Any) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """Each (object, key, where) holding a media URL that vLLM would load, in any of the bodies
+    its render server takes: a chat's ``image_url``/``video_url``/``audio_url`` parts, an
+    Anthropic ``{"type": "url"}`` source (nested in tool results too), a Responses
+    ``input_image``'s ``image_url``. Only the messages (chat, Anthropic) and the input (Responses)
+    are looked in: media anywhere else is nothing vLLM loads."""
+    if not isinstance(body, dict):
+        return
+    for field in ("messages", "input"):
+        for obj, where in _objects(body.get(field), field):
+            for key in _URL_PARTS:
+                target = obj.get(key)
+                if isinstance(target, dict) and isinstance(target.get("url"), str):
+                    yield target, "url", f"{where}.{key}"
+            if obj.get("type") == "url" and isinstance(obj.get("url"), str):
+                yield obj, "url", where
+            if obj.get("type") == "input_image" and isinstance(obj.get("image_url"), str):
+                yield obj, "image_url", f"{where}.image_url"
+
+
+def _scheme(url: str) -> str:
+    return url.split(":", 1)[0].lower() if ":" in url else ""
 
 
 def _audio_clips(body: Any) -> Iterator[tuple[str, str]]:
@@ -108,17 +135,25 @@ def check_audio(body: Any) -> None:
             raise errors.BadMedia(f"{where}: the audio cannot be decoded: {problem}")
 
 
-async def inline_media_urls(body: Any, fetcher: fetching.Fetcher) -> bool:
+async def inline_media_urls(body: Any, fetcher: fetching.Fetcher, *, local_files: bool = False) -> bool:
     """Replace, in the parsed ``body``, every http(s) media URL with the fetched bytes as a data
-    URI; True when there was one."""
-    targets = list(_url_parts(body))
-    for target, where in targets:
-        data = await fetcher.fetch(target["url"], where)
-        target["url"] = f"data:{_INLINE_TYPE};base64,{base64.b64encode(data).decode()}"
+    URI; True when there was one. A ``file:`` URL is refused with a 400 unless vLLM was given
+    ``--allowed-local-media-path`` (``local_files``), where vLLM's own rules decide: vLLM 0.33
+    answers it with a 500, a server error that tells a client to retry what never succeeds."""
+    targets = []
+    for target, key, where in _media_urls(body):
+        scheme = _scheme(target[key])
+        if scheme in ("http", "https"):
+            targets.append((target, key, where))
+        elif scheme == "file" and not local_files:
+            raise errors.BadMedia(f"{where}: cannot load local files without `--allowed-local-media-path`")
+    for target, key, where in targets:
+        data = await fetcher.fetch(target[key], where)
+        target[key] = f"data:{_INLINE_TYPE};base64,{base64.b64encode(data).decode()}"
     return bool(targets)
 
 
-async def prepare(body: bytes, fetcher: fetching.Fetcher) -> tuple[bytes, Any]:
+async def prepare(body: bytes, fetcher: fetching.Fetcher, *, local_files: bool = False) -> tuple[bytes, Any]:
     """The body vLLM gets, media URLs fetched here and inlined, and the parsed body (None when it
     is not JSON: vLLM answers that). The body is ``body`` itself, byte for byte, when nothing
     changed.
@@ -132,7 +167,7 @@ async def prepare(body: bytes, fetcher: fetching.Fetcher) -> tuple[bytes, Any]:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return body, None
-    changed = await inline_media_urls(parsed, fetcher)
+    changed = await inline_media_urls(parsed, fetcher, local_files=local_files)
     return (orjson.dumps(parsed) if changed else body), parsed
 
 
@@ -197,11 +232,13 @@ class HandedOverAnswer(web.StreamResponse):
 
 
 class GeneralRenderer:
-    """Hands render requests to ``worker_pool``'s processes (``handoff``), or forwards them over HTTP."""
+    """Hands requests to ``worker_pool``'s processes (``handoff``), or forwards them over HTTP."""
 
     def __init__(self, pool: worker_pool.VllmWorkerPool, fetcher: fetching.Fetcher) -> None:
         self.pool = pool
         self.fetcher = fetcher
+        #: vLLM loads ``file:`` URLs itself only where it was told which folder it may read.
+        self.local_files = any(a.split("=", 1)[0] == "--allowed-local-media-path" for a in pool.vllm_args)
         self._sessions: dict[str, aiohttp.ClientSession] = {}
 
     def _session(self, socket_path: str) -> aiohttp.ClientSession:
@@ -218,29 +255,40 @@ class GeneralRenderer:
             self._sessions[socket_path] = session
         return session
 
-    async def render(self, request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
-        body, parsed = await prepare(body, self.fetcher)
+    async def forward(self, request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
+        """The answer of a render process to ``request`` (any route of vLLM's render server)."""
+        if body:
+            body, parsed = await prepare(body, self.fetcher, local_files=self.local_files)
+        else:
+            parsed = None
         client = _client_socket(request)
-        # A process that cannot be connected to got nothing: the request goes to the next one.
-        for _ in range(self.pool.processes):
+        lost: RenderProcessLost | None = None
+        # A process that cannot be connected to got nothing: the request goes to the next one. One
+        # that died holding it had written nothing to the client yet (the answer's head comes
+        # back here first): the request goes to another process once. A request that ends two
+        # processes is answered 503 rather than sent on to end a third.
+        for _ in range(self.pool.processes + 1):
             # Only taking the lease raises GeneralPathUnavailable (no process is ready).
             try:
                 with self.pool.lease() as endpoint:
                     try:
                         if client is not None:
                             return await self._hand_over(endpoint.handoff, request, client, body, headers, parsed)
-                        return await self._forward(endpoint.http, request.path, body, headers, parsed)
+                        return await self._forward(endpoint.http, request, body, headers, parsed)
                     except (aiohttp.ClientConnectorError, _Refused):
                         self.pool.lost(endpoint.http)
                     except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
-                        # It had the request and died with it: the client may retry; this one is not
-                        # resent here, as the request may be what ended the process.
                         self.pool.lost(endpoint.http)
-                        raise RenderProcessLost(
-                            f"the render process stopped while it held this request ({type(exc).__name__}); retry",
+                        if lost is not None:
+                            raise lost from None
+                        lost = RenderProcessLost(
+                            f"the render process stopped while it held this request ({type(exc).__name__}) "
+                            "and no other process could take it; retry",
                             headers={"Retry-After": "1"},
-                        ) from None
+                        )
             except worker_pool.GeneralPathUnavailable as exc:
+                if lost is not None:
+                    raise lost from None
                 raise errors.NotReady(f"not ready: {exc}") from None
         raise errors.NotReady("not ready: no render process accepts connections; they are restarting")
 
@@ -268,8 +316,11 @@ class GeneralRenderer:
             conversation.close()
             raise
 
-    async def _forward(self, socket_path: str, path: str, body: bytes, headers: dict[str, str], parsed: Any) -> web.Response:
-        async with self._session(socket_path).post(f"http://localhost{path}", data=body, headers=headers) as answer:
+    async def _forward(
+        self, socket_path: str, request: web.Request, body: bytes, headers: dict[str, str], parsed: Any
+    ) -> web.Response:
+        url = f"http://localhost{request.path}"
+        async with self._session(socket_path).request(request.method, url, data=body, headers=headers) as answer:
             check_server_error(answer.status, parsed)
             payload = await answer.read()
             return web.Response(status=answer.status, body=payload, content_type=answer.content_type, charset=answer.charset)
