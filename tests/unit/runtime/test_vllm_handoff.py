@@ -183,10 +183,14 @@ async def test_a_request_whose_process_dies_before_answering_is_retried_once_on_
     dying, live = str(tmp_path / "w0.handoff.sock"), str(tmp_path / "w1.handoff.sock")
     listener, died = _dying_process(dying)
     pool = FakePool([dying, live])
-    async with render_process(live), front(pool) as url, aiohttp.ClientSession() as client:
-        async with client.post(url, data=b"{}", headers={"X-Request-Id": "r-1"}) as response:
-            assert response.status == 200 and await response.read() == ANSWER
-            assert json.loads(response.headers["X-Asked"])["request_id"] == "r-1"
+    async with (
+        render_process(live),
+        front(pool) as url,
+        aiohttp.ClientSession() as client,
+        client.post(url, data=b"{}", headers={"X-Request-Id": "r-1"}) as response,
+    ):
+        assert response.status == 200 and await response.read() == ANSWER
+        assert json.loads(response.headers["X-Asked"])["request_id"] == "r-1"
     await died
     listener.close()
     assert pool.lost_paths == [dying]
