@@ -36,7 +36,7 @@ class Rendering:
 def start(settings: ServeSettings, engine: core.Engine, model: ModelFacts, fetcher: fetching.Fetcher) -> Rendering:
     """Choose the render path and start what serves it; ``Unavailable`` when the general path is
     the primary one and its processes cannot start."""
-    path = choice.choose(settings.render.path, engine.facts.processor_class, versions.vllm_version())
+    path = choice.choose(settings.render.path, engine.facts.processor_class, versions.vllm_version(), settings.render.vllm_args)
     native = NativeBackend(engine, model, settings.limits, fetcher)
     if not path.needs_general:
         return Rendering(path, native)

@@ -13,6 +13,7 @@ a video, a tool list, a chat-template argument); every other model takes the gen
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Final
 
 #: Processor classes the native path renders byte-equal to vLLM (images and text).
@@ -20,6 +21,23 @@ NATIVE_FAMILIES: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "
 
 NATIVE: Final = "native"
 GENERAL: Final = "general"
+
+#: vLLM options that change every chat render's answer (vLLM's render then carries the reasoning
+#: parser's state, or renders another template): the native path does not implement them, so
+#: given any, its answers would differ from vLLM's. The tool options change only requests with
+#: tools, which the native path hands to the general one already.
+NATIVE_CHANGING_OPTIONS: Final = (
+    "--reasoning-parser",
+    "--chat-template",
+    "--default-chat-template-kwargs",
+    "--chat-template-content-format",
+)
+
+
+def native_changing_options(vllm_args: Sequence[str]) -> list[str]:
+    """Which of ``NATIVE_CHANGING_OPTIONS`` ``vllm_args`` gives (``--name value`` or ``--name=value``)."""
+    given = {arg.split("=", 1)[0] for arg in vllm_args if arg.startswith("--")}
+    return [option for option in NATIVE_CHANGING_OPTIONS if option in given]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +58,29 @@ class NoRenderPath(ValueError):
     """The path asked for cannot run here (the general path without vLLM installed)."""
 
 
-def choose(setting: str, processor_class: str, vllm_version: str | None) -> RenderPath:
+def choose(setting: str, processor_class: str, vllm_version: str | None, vllm_args: Sequence[str] = ()) -> RenderPath:
     """The path for ``processor_class`` under ``--render-path setting`` with vLLM ``vllm_version``
-    installed (None: not installed)."""
+    installed (None: not installed) and vLLM's options ``vllm_args``."""
     native_family = processor_class in NATIVE_FAMILIES
+    changing = native_changing_options(vllm_args)
     if setting == NATIVE:
+        if changing:
+            raise NoRenderPath(
+                f"--render-path native does not implement {', '.join(changing)}: its answers would differ from "
+                "vLLM's; use --render-path auto or general"
+            )
         return RenderPath(NATIVE, False, "--render-path native")
     if setting == GENERAL:
         if vllm_version is None:
             raise NoRenderPath("--render-path general needs vLLM installed (the mmprep[vllm] image)")
         return RenderPath(GENERAL, False, f"--render-path general: vLLM {vllm_version}'s own processing")
+    if native_family and changing and vllm_version is not None:
+        return RenderPath(
+            GENERAL,
+            False,
+            f"{processor_class} has the native fast path, but it does not implement {', '.join(changing)}: "
+            f"vLLM {vllm_version}'s own processing",
+        )
     if native_family:
         if vllm_version is None:
             return RenderPath(NATIVE, False, f"{processor_class} has the native fast path; vLLM is not installed, no fallback")

@@ -222,7 +222,7 @@ def calibrate_render(
     finally:
         running.close()
     try:
-        path = choice.choose(render.path, facts.processor_class, versions.vllm_version())
+        path = choice.choose(render.path, facts.processor_class, versions.vllm_version(), render.vllm_args)
     except choice.NoRenderPath as exc:
         raise calibration_report.CalibrationError(str(exc)) from None
     if path.primary == choice.NATIVE:

@@ -42,6 +42,24 @@ def test_the_path_follows_the_family_and_what_is_installed(
     assert path.needs_general == (primary == "general" or fallback)
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["--reasoning-parser", "qwen3"], "--reasoning-parser"),
+        (["--chat-template=/t.jinja"], "--chat-template"),
+        (["--default-chat-template-kwargs", "{}"], "--default-chat-template-kwargs"),
+    ],
+)
+def test_a_vllm_option_the_native_path_does_not_implement_sends_a_native_family_to_vllm(args: list[str], name: str) -> None:
+    path = choice.choose("auto", "Qwen2_5_VLProcessor", "0.33.0", ["--limit-mm-per-prompt", "{}", *args])
+    assert (path.primary, path.general_fallback) == ("general", False) and name in path.reason, path
+    with pytest.raises(choice.NoRenderPath, match=f"--render-path native does not implement {name}"):
+        choice.choose("native", "Qwen2_5_VLProcessor", "0.33.0", args)
+    # The tool options change only requests with tools, which the general path answers already.
+    tools = choice.choose("auto", "Qwen2_5_VLProcessor", "0.33.0", ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"])
+    assert (tools.primary, tools.general_fallback) == ("native", True)
+
+
 def test_the_general_path_without_vllm_is_refused_with_the_way_out() -> None:
     with pytest.raises(choice.NoRenderPath, match=r"mmprep\[vllm\]"):
         choice.choose("general", "Gemma3Processor", None)
