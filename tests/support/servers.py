@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import socket
 import sys
+from collections.abc import Sequence
 
 
 def free_port() -> int:
@@ -23,11 +24,14 @@ def runtime_command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "mmprep_runtime.cli"]
 
 
-def vllm_render_command(venv: pathlib.Path, model: pathlib.Path, port: int, *, normalized: bool) -> list[str]:
+def vllm_render_command(
+    venv: pathlib.Path, model: pathlib.Path, port: int, *, normalized: bool, options: Sequence[str] = ()
+) -> list[str]:
     """vLLM's render server on ``model``, its processor cache off (repeated images would hit it),
-    with uint8 pixels (its default) or normalized ones (mmprep's ``--normalized-pixels``)."""
+    with uint8 pixels (its default) or normalized ones (mmprep's ``--normalized-pixels``), and
+    vLLM's ``options``."""
     command = [str(venv / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--mm-processor-cache-gb", "0"]
+    command += ["--mm-processor-cache-gb", "0", *options]
     return [*command, "--no-mm-device-do-normalize"] if normalized else command
 
 

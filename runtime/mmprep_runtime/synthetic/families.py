@@ -166,6 +166,11 @@ QWEN_TOKENS: Final = (
 )
 
 
+#: The markers vLLM's Hermes tool parser and Qwen3 reasoning parser look for, whole tokens (not
+#: special, as in Qwen's own tokenizers): a folder with them can be served with those parsers.
+QWEN_PARSER_TOKENS: Final = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+
+
 def _qwen_chat(default_system: str = "") -> ChatFormat:
     return ChatFormat(
         start="",
@@ -624,7 +629,13 @@ def _qwen2_audio_model(vocab: Vocab) -> dict[str, Any]:
 
 
 FAMILIES: Final[Mapping[str, Family]] = {
-    "qwen2.5-vl": Family(_qwen2_5_vl_processor, _qwen2_5_vl_model, _qwen_chat("You are a helpful assistant."), QWEN_TOKENS),
+    "qwen2.5-vl": Family(
+        _qwen2_5_vl_processor,
+        _qwen2_5_vl_model,
+        _qwen_chat("You are a helpful assistant."),
+        QWEN_TOKENS,
+        plain_tokens=QWEN_PARSER_TOKENS,
+    ),
     "qwen3-vl": Family(_qwen3_vl_processor, _qwen3_vl_model, _qwen_chat(), QWEN_TOKENS),
     "gemma3": Family(
         _gemma3_processor,
@@ -662,5 +673,6 @@ FAMILIES: Final[Mapping[str, Family]] = {
         _qwen2_audio_model,
         dataclasses.replace(_qwen_chat(), image="", video="", audio="<|audio_bos|><|AUDIO|><|audio_eos|>"),
         _QWEN_AUDIO_TOKENS,
+        plain_tokens=QWEN_PARSER_TOKENS,
     ),
 }
