@@ -141,3 +141,26 @@ def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: path
     assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Gemma3Processor", answer
     # What the operator shows in status.probe.result: the path auto takes for this model here.
     assert answer["render_path"] == "general" and "no native fast path" in answer["render_path_reason"], answer
+
+
+def test_a_wrong_vllm_option_stops_the_server_at_start_with_vllms_own_error(
+    vllm_venv: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """A parser vLLM does not know, given through --vllm-args: the render processes fail as vLLM's
+    server fails on it, and mmprep exits with vLLM's message in its log instead of serving."""
+    folder = models.make_model("gemma3", tmp_path / "gemma3")
+    command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
+    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-processes", "1"]
+    command += ["--vllm-args", "--tool-call-parser no-such-parser --enable-auto-tool-choice"]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")},
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log[-3000:]
+    assert "tool_parser:'no-such-parser' which has not been registered" in log, log[-3000:]
+    assert "the processor could not be started" in log, log[-3000:]
