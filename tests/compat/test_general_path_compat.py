@@ -16,6 +16,13 @@ lengths, an audio URL; and for every family text only and a completion prompt. v
 kwargs decoder (``support/vllm_check.py``, run once in vLLM's virtualenv over every answer) judge
 each pair: token ids, placeholders, mm_hashes, sampling params and every decoded tensor equal
 (request ids aside). A control pair with one token changed must be caught.
+
+The rest of vLLM's render server goes to the same two servers: the Anthropic Messages and
+Responses renders (judged as above), ``/tokenize``, ``/detokenize``, and the chat and completion
+derenders, whole and streamed (1-3 tokens a call, each server's ``stream_state`` carried; one
+stream begun at vLLM and finished at mmprep), compared answer by answer with vLLM's; with vLLM's
+Hermes tool parser and Qwen3 reasoning parser on the families in ``PARSERS``, a tool call and a
+reasoning block too; and bad bodies, which must get vLLM's status and error shape.
 """
 
 from __future__ import annotations
