@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis.routing import Route, Serving
+from mmprep_runtime.apis.routing import Handler, Route, Serving
 from mmprep_runtime.backends import model_facts
 from mmprep_runtime.backends.protocol import Operation
 from mmprep_runtime.httpio.messages import Answer, read_json_body
@@ -72,7 +71,7 @@ def _unauthorized() -> Answer:
     return Answer(web.json_response({"error": "Unauthorized"}, status=401), 0.0)
 
 
-def _handler(operation: Operation) -> Callable[[web.Request, Serving], Awaitable[Answer]]:
+def _handler(operation: Operation) -> Handler:
     async def handle(request: web.Request, serving: Serving) -> Answer:
         if not authorized(request, serving.api_key):
             return _unauthorized()
