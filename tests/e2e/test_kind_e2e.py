@@ -621,14 +621,16 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
 
         url = "http://elastic:8080/v1/preprocess"
         text = f"{QWEN_IMAGE_PLACEHOLDER}describe"
-        # 8 large images a second need about 0.3 CPU (1.5x the pods' target); the trickle's small ones
-        # under 0.02, so alone they keep one pod under its target.
+        # Growing to 3 pods takes more than 0.22 CPU in all (two pods over 110% of their 100m
+        # target). A large image costs about 20 ms of CPU here (measured with the test's body), so
+        # 16 a second need about 0.33 CPU, 1.5x that; 8 a second (0.16) held the pool at 2. The
+        # trickle's small ones need under 0.02, so alone they keep one pod under its target.
         heavy = start_load(
             kube,
             NAMESPACE,
             image=RUNTIME_IMAGE,
             url=url,
-            schedule="0:8",
+            schedule="0:16",
             duration=600,
             node=GPU_NODE,
             text=text,

@@ -136,7 +136,17 @@ def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
     assert [p["workers"] for p in cal["curve"]] == [1, 2] and all(p["reqPerS"] > 0 for p in cal["curve"])
     assert cal["message"].startswith(f"{cal['chosenRenderProcesses']} render process(es)")
     assert pool["renderProcesses"] == cal["chosenRenderProcesses"]
-    # The count reaches the pods as env; the worker threads keep their rule.
-    env = container_env(kube.apps.read_namespaced_deployment(pool["deployment"], namespace))
+    # The count reaches the pods as env; the worker threads keep their rule. The operator reports
+    # a changed decision before it applies the Deployment (``report_first``): wait for the apply.
+    env = wait_for(
+        lambda: (
+            (e := container_env(kube.apps.read_namespaced_deployment(pool["deployment"], namespace))).get(
+                "MMPREP_RENDER_PROCESSES"
+            )
+            and e
+        ),
+        60,
+        what="the chosen render process count in the Deployment's env",
+    )
     assert env["MMPREP_RENDER_PROCESSES"] == str(cal["chosenRenderProcesses"])
     assert pool["reason"] != "Measured"
