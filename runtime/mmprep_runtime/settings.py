@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import ipaddress
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from mmprep_runtime import sizing
 from mmprep_runtime.contract import (
@@ -273,6 +273,11 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
     return tuple(networks)
 
 
+def vllm_option_names(vllm_args: Iterable[str]) -> frozenset[str]:
+    """The options ``vllm_args`` gives, by name (``--name value`` and ``--name=value`` alike)."""
+    return frozenset(arg.split("=", 1)[0] for arg in vllm_args if arg.startswith("--"))
+
+
 def render_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RenderSettings:
     normalized = getattr(args, "normalized_pixels", None)
     if normalized is None:
@@ -309,7 +314,7 @@ def render_settings_from_args(args: argparse.Namespace, environ: Mapping[str, st
         vllm_args = tuple(shlex.split(vllm_text))
     except ValueError as exc:
         raise SettingsError(f"--vllm-args cannot be split into options: {exc}") from None
-    if any(a.split("=", 1)[0] == "--api-key" for a in vllm_args):
+    if "--api-key" in vllm_option_names(vllm_args):
         # The front answers every guarded path, the native path's too: the key must be its own.
         raise SettingsError("give the API key as --api-key (or env VLLM_API_KEY), not in --vllm-args")
     api_key = getattr(args, "api_key", None) or environ.get(ENV_API_KEY) or None

@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Final
 
+from mmprep_runtime.settings import vllm_option_names
+
 #: Processor classes the native path renders byte-equal to vLLM (images and text).
 NATIVE_FAMILIES: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 
@@ -36,7 +38,7 @@ NATIVE_CHANGING_OPTIONS: Final = (
 
 def native_changing_options(vllm_args: Sequence[str]) -> list[str]:
     """Which of ``NATIVE_CHANGING_OPTIONS`` ``vllm_args`` gives (``--name value`` or ``--name=value``)."""
-    given = {arg.split("=", 1)[0] for arg in vllm_args if arg.startswith("--")}
+    given = vllm_option_names(vllm_args)
     return [option for option in NATIVE_CHANGING_OPTIONS if option in given]
 
 

@@ -46,6 +46,7 @@ from mmprep_runtime import errors
 from mmprep_runtime.backends.vllm import handoff, worker_pool
 from mmprep_runtime.engine import decoding
 from mmprep_runtime.httpio import fetching
+from mmprep_runtime.settings import vllm_option_names
 
 #: The content parts whose URL vLLM would fetch, and the key holding the URL object.
 _URL_PARTS: Final = ("image_url", "video_url", "audio_url")
@@ -238,7 +239,7 @@ class GeneralRenderer:
         self.pool = pool
         self.fetcher = fetcher
         #: vLLM loads ``file:`` URLs itself only where it was told which folder it may read.
-        self.local_files = any(a.split("=", 1)[0] == "--allowed-local-media-path" for a in pool.vllm_args)
+        self.local_files = "--allowed-local-media-path" in vllm_option_names(pool.vllm_args)
         self._sessions: dict[str, aiohttp.ClientSession] = {}
 
     def _session(self, socket_path: str) -> aiohttp.ClientSession:
