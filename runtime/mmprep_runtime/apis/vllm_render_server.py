@@ -67,25 +67,28 @@ def authorized(request: web.Request, api_key: str | None) -> bool:
     return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), hashlib.sha256(api_key.encode()).digest())
 
 
-def _unauthorized() -> Answer:
-    return Answer(web.json_response({"error": "Unauthorized"}, status=401), 0.0)
+def _guarded(handler: Handler) -> Handler:
+    """``handler`` behind the API key: vLLM's 401 without it, on the paths vLLM guards."""
+
+    async def handle(request: web.Request, serving: Serving) -> Answer:
+        if not authorized(request, serving.api_key):
+            return Answer(web.json_response({"error": "Unauthorized"}, status=401), 0.0)
+        return await handler(request, serving)
+
+    return handle
 
 
 def _handler(operation: Operation) -> Handler:
     async def handle(request: web.Request, serving: Serving) -> Answer:
-        if not authorized(request, serving.api_key):
-            return _unauthorized()
         # The body is read once, here: a native backend may hand it on to the general one.
         body = await read_json_body(request, serving.limits) if request.method == "POST" else b""
         return await serving.renderer.answer(request, body, operation)
 
     handle.__name__ = f"handle_{operation.name.lower()}"
-    return handle
+    return _guarded(handle)
 
 
 async def models(request: web.Request, serving: Serving) -> Answer:
-    if not authorized(request, serving.api_key):
-        return _unauthorized()
     return Answer(web.json_response(model_list(serving.model, serving.started)), 0.0)
 
 
@@ -121,5 +124,5 @@ def model_list(model: model_facts.ModelFacts, started: int) -> dict[str, Any]:
 ROUTES: Final = (
     *(Route("POST", op.value, _handler(op), error_response) for op in Operation if op is not Operation.TOKENIZER_INFO),
     Route("GET", Operation.TOKENIZER_INFO.value, _handler(Operation.TOKENIZER_INFO), error_response, admitted=False),
-    Route("GET", "/v1/models", models, error_response, admitted=False),
+    Route("GET", "/v1/models", _guarded(models), error_response, admitted=False),
 )
