@@ -31,6 +31,7 @@ import base64
 import json
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any, Final
 
 import pytest
@@ -222,6 +223,35 @@ def _differences(ours: Any, theirs: Any, where: str = "") -> list[str]:
     return [] if ours == theirs else [f"{where or 'the answer'}: ours {str(ours)[:300]}, vLLM's {str(theirs)[:300]}"]
 
 
+DERENDER = "/v1/chat/completions/derender"
+
+
+def _chunk_body(
+    chunk: list[int], last: bool, state: Any, prompt_ids: list[int], chat: dict[str, Any], request_id: str
+) -> dict[str, Any]:
+    """One streamed derender call: one engine event of ``chunk``, the state of the call before."""
+    choice = {"index": 0, "token_ids": chunk, "finish_reason": "stop" if last else None}
+    return {
+        "stream": True,
+        "generate_chunk": {"request_id": request_id, "choices": [choice]},
+        "stream_state": state,
+        "prompt_tokens": len(prompt_ids),
+        "prompt_token_ids": prompt_ids,
+        "chat_request": {**chat, "stream": True},
+    }
+
+
+def _stream_to_both(mmprep: Server, vllm: Server, calls: int, body: Callable[[int, Any], dict[str, Any]]) -> list[Any]:
+    """``calls`` streamed derender calls to each server, ``body(i, state)`` each, every server's
+    state carried to its own next call as a client carries it: each call's (ours, theirs)."""
+    answers, ours_state, theirs_state = [], None, None
+    for i in range(calls):
+        ours, theirs = mmprep.post(DERENDER, body(i, ours_state)), vllm.post(DERENDER, body(i, theirs_state))
+        answers.append((ours, theirs))
+        ours_state, theirs_state = (ours[1] or {}).get("stream_state"), (theirs[1] or {}).get("stream_state")
+    return answers
+
+
 def _token_route_exchanges(mmprep: Server, vllm: Server) -> dict[str, list[Any]]:
     """Per case, each call's (ours, theirs): ``/tokenize``, ``/detokenize``, the derenders whole
     and streamed, and bad bodies. The token ids come from vLLM's own ``/tokenize``; a stream's
@@ -242,7 +272,7 @@ def _token_route_exchanges(mmprep: Server, vllm: Server) -> dict[str, list[Any]]
     call("detokenize", "/detokenize", {"tokens": tokens})
     call(
         "derender a chat answer",
-        "/v1/chat/completions/derender",
+        DERENDER,
         {
             "generate_response": {"request_id": "r-1", "choices": [{"index": 0, "token_ids": tokens, "finish_reason": "stop"}]},
             "prompt_tokens": len(prompt_ids),
@@ -269,39 +299,22 @@ def _token_route_exchanges(mmprep: Server, vllm: Server) -> dict[str, list[Any]]
         at += size
 
     def chunk_body(i: int, state: Any) -> dict[str, Any]:
-        last = i == len(chunks) - 1
-        choice = {"index": 0, "token_ids": chunks[i], "finish_reason": "stop" if last else None}
-        return {
-            "stream": True,
-            "generate_chunk": {"request_id": "r-3", "choices": [choice]},
-            "stream_state": state,
-            "prompt_tokens": len(prompt_ids),
-            "prompt_token_ids": prompt_ids,
-            "chat_request": {**chat, "stream": True},
-        }
+        return _chunk_body(chunks[i], i == len(chunks) - 1, state, prompt_ids, chat, "r-3")
 
-    ours_state = theirs_state = None
-    for i in range(len(chunks)):
-        ours, theirs = call(
-            "derender a chat stream, 1-3 tokens a call",
-            "/v1/chat/completions/derender",
-            chunk_body(i, theirs_state),
-            to_mmprep=chunk_body(i, ours_state),
-        )
-        ours_state, theirs_state = (ours[1] or {}).get("stream_state"), (theirs[1] or {}).get("stream_state")
+    both["derender a chat stream, 1-3 tokens a call"] = _stream_to_both(mmprep, vllm, len(chunks), chunk_body)
     # A client that switches servers mid-stream: vLLM's state, carried to mmprep, goes on alike.
     state = None
     for i in range(len(chunks)):
         target = vllm if i < len(chunks) // 2 else mmprep
-        answer = target.post("/v1/chat/completions/derender", chunk_body(i, state))
+        answer = target.post(DERENDER, chunk_body(i, state))
         both.setdefault("derender a stream begun at vLLM, ended here", []).append(
             (answer, both["derender a chat stream, 1-3 tokens a call"][i][1])
         )
         state = (answer[1] or {}).get("stream_state")
     for name, path, bad in (
-        ("a derender of the wrong type", "/v1/chat/completions/derender", {"generate_response": "nope"}),
-        ("a derender for an unknown model", "/v1/chat/completions/derender", {**chunk_body(0, None), "model": "no-such-model"}),
-        ("a stream state that does not fit", "/v1/chat/completions/derender", chunk_body(1, {"prefix_offset": -1})),
+        ("a derender of the wrong type", DERENDER, {"generate_response": "nope"}),
+        ("a derender for an unknown model", DERENDER, {**chunk_body(0, None), "model": "no-such-model"}),
+        ("a stream state that does not fit", DERENDER, chunk_body(1, {"prefix_offset": -1})),
         ("a tokenize of the wrong type", "/tokenize", {"prompt": 5}),
         ("a detokenize of the wrong type", "/detokenize", {"tokens": ["a"]}),
     ):
@@ -351,24 +364,14 @@ def _parsed_exchanges(mmprep: Server, vllm: Server, *, reasoning: bool) -> dict[
             "prompt_token_ids": prompt["tokens"],
             "chat_request": chat,
         }
-        both[f"derender {what}"] = [
-            (mmprep.post("/v1/chat/completions/derender", whole), vllm.post("/v1/chat/completions/derender", whole))
-        ]
-        ours_state = theirs_state = None
-        calls = both.setdefault(f"derender {what}, streamed", [])
-        for at in range(0, len(tokens), 2):
-            last = at + 2 >= len(tokens)
-            choice = {"index": 0, "token_ids": tokens[at : at + 2], "finish_reason": "stop" if last else None}
-            body = {
-                "stream": True,
-                "generate_chunk": {"request_id": "r-6", "choices": [choice]},
-                "prompt_token_ids": prompt["tokens"],
-                "chat_request": {**chat, "stream": True},
-            }
-            ours = mmprep.post("/v1/chat/completions/derender", {**body, "stream_state": ours_state})
-            theirs = vllm.post("/v1/chat/completions/derender", {**body, "stream_state": theirs_state})
-            calls.append((ours, theirs))
-            ours_state, theirs_state = (ours[1] or {}).get("stream_state"), (theirs[1] or {}).get("stream_state")
+        both[f"derender {what}"] = [(mmprep.post(DERENDER, whole), vllm.post(DERENDER, whole))]
+        chunks = [tokens[at : at + 2] for at in range(0, len(tokens), 2)]
+        both[f"derender {what}, streamed"] = _stream_to_both(
+            mmprep,
+            vllm,
+            len(chunks),
+            lambda i, state, c=chunks: _chunk_body(c[i], i == len(c) - 1, state, prompt["tokens"], chat, "r-6"),
+        )
     return both
 
 
