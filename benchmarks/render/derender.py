@@ -44,7 +44,7 @@ from support.render_servers import Server  # noqa: E402 - after the sys.path lin
 from support.servers import free_port, vllm_render_command, vllm_render_env  # noqa: E402 - after the sys.path line
 
 sys.path.insert(0, str(HERE))
-from run_benchmark import process_tree_cpu, vllm_venv  # noqa: E402 - after the sys.path line
+from run_benchmark import process_tree_cpu, process_tree_rss, vllm_venv  # noqa: E402 - after the sys.path line
 
 DERENDER = "/v1/chat/completions/derender"
 PARSERS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3"]
@@ -185,7 +185,10 @@ def measure(
                     _timed_streams(pids[name], runs, client, tokens, prompt["tokens"])
                 )
             clients = dict(reversed(list(clients.items())))
-        return {case: {name: _median(runs) for name, runs in by_server.items()} for case, by_server in figures.items()}
+        cases = {case: {name: _median(runs) for name, runs in by_server.items()} for case, by_server in figures.items()}
+        # Resident memory of each server's whole process tree (mmprep's front and its render process).
+        memory = {name: process_tree_rss(pid) / 1e6 for name, pid in pids.items()}
+        return {"cases": cases, "memory_mb": memory}
     finally:
         for server in servers.values():
             server.stop()
@@ -205,9 +208,13 @@ def markdown(report: dict[str, Any]) -> str:
         "1,000 tokens: its calls at every position, the last ones where vLLM's parser re-reads the most output).",
         "",
     ]
-    for setup, cases in report["setups"].items():
+    for setup, measured in report["setups"].items():
+        cases, memory = measured["cases"], measured["memory_mb"]
         lines += [
             f"## {setup}",
+            "",
+            f"Resident memory after the run, each server's process tree: mmprep {memory['mmprep']:.0f} MB, "
+            f"vLLM {memory['vllm']:.0f} MB.",
             "",
             "| case | vLLM p50 / p99 ms | mmprep p50 / p99 ms | CPU ms per call, mmprep / vLLM |",
             "|---|---|---|---|",
