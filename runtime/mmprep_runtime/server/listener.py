@@ -6,12 +6,16 @@ sending its request, which it cannot tell from a crash. A client that keeps conn
 terminating pod (one that ignores readiness, or a proxy slow to learn of it) hits that window every
 time the drain ends. So the close comes in two steps (``quiesce``, then the site's stop):
 
-1. the socket stops completing new handshakes: a socket filter that drops every packet is attached
-   to it. A connecting client's SYN goes unanswered; it sends it again about a second later, when
-   the socket is closed, and is refused: a clean "not delivered" it can retry elsewhere. Connections
-   already in the accept queue are children of the socket made before the filter, so unaffected;
+1. the socket stops starting handshakes: a socket filter that drops every SYN (a packet that asks
+   for a new connection) is attached to it. A connecting client's SYN goes unanswered; it sends it
+   again about a second later, when the socket is closed, and is refused: a clean "not delivered"
+   it can retry elsewhere. Every other packet passes, and that matters: a handshake the socket
+   answered just before the filter ends with the client's ACK, which the listener's filter sees
+   too. Dropped, it would leave that client sending its request into a connection the server never
+   completes, until the close resets it. Let through, the connection joins the accept queue;
 2. the event loop accepts what is queued (the closing server answers them 503 with Retry-After),
-   and the socket closes once nothing is left in the queue.
+   and the socket closes once the queue has stayed empty for a moment (``_SETTLE_S``): long enough
+   for the ACK of a handshake still under way to arrive.
 
 The filter is classic BPF (``SO_ATTACH_FILTER``): any process may attach one to its own socket, no
 capability needed. Where it cannot be attached (not Linux), the close resets the queue as before.
@@ -36,10 +40,31 @@ logger = logging.getLogger(__name__)
 BACKLOG: Final = 4096
 #: Linux's SO_ATTACH_FILTER (asm-generic/socket.h); the socket module does not name it.
 SO_ATTACH_FILTER: Final = 26
-#: One classic BPF instruction, ``ret #0``: keep 0 bytes of the packet, that is, drop it.
-_DROP_ALL: Final = struct.pack("HBBI", 0x06, 0, 0, 0)
+
+
+def _instruction(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    """One classic BPF instruction (``struct sock_filter``)."""
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+#: Drop a TCP packet whose SYN flag is set and ACK flag clear (a new connection's first packet);
+#: keep every other one whole. A TCP socket's filter sees the packet from its TCP header on, so
+#: byte 13 is the flags byte (ACK 0x10, SYN 0x02).
+_DROP_NEW_CONNECTIONS: Final = b"".join(
+    (
+        _instruction(0x30, 13),  # ldb [13]: the flags
+        _instruction(0x54, 0x12),  # and #0x12: SYN and ACK only
+        _instruction(0x15, 0x02, jt=0, jf=1),  # jeq #SYN: a SYN alone drops, else keep
+        _instruction(0x06, 0),  # ret #0: keep nothing (drop)
+        _instruction(0x06, 0xFFFFFFFF),  # ret #-1: keep the whole packet
+    )
+)
+
 #: How often ``quiesce`` looks whether the accept queue is empty yet.
 _POLL_S: Final = 0.005
+#: How long the queue must stay empty before the socket may close: a handshake answered before the
+#: filter completes one round trip later (microseconds on a node, well under this across a cluster).
+_SETTLE_S: Final = 0.1
 
 
 def listen(host: str, port: int) -> list[socket.socket]:
@@ -67,14 +92,15 @@ def listen(host: str, port: int) -> list[socket.socket]:
 
 
 def stop_handshakes(sock: socket.socket) -> bool:
-    """Drop every packet that reaches ``sock`` from now on, so it completes no new connection.
-    False where no socket filter can be attached (the caller closes as before)."""
+    """Drop every new connection's SYN that reaches ``sock`` from now on, so it starts no handshake
+    (the ones under way still complete). False where no socket filter can be attached (the caller
+    closes as before)."""
     if not sys.platform.startswith("linux"):
         return False
-    program = ctypes.create_string_buffer(_DROP_ALL)
+    program = ctypes.create_string_buffer(_DROP_NEW_CONNECTIONS)
     # struct sock_fprog {unsigned short len; struct sock_filter *filter;}, native alignment. The
     # kernel copies the program during the call, so the buffer need not outlive it.
-    fprog = struct.pack("@HP", 1, ctypes.addressof(program))
+    fprog = struct.pack("@HP", len(_DROP_NEW_CONNECTIONS) // 8, ctypes.addressof(program))
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
     except OSError as exc:
@@ -94,9 +120,16 @@ async def quiesce(sockets: Sequence[socket.socket], timeout: float) -> int:
     ``timeout`` seconds; returns how many sockets still had a queue when the time ran out."""
     stopped = [sock for sock in sockets if stop_handshakes(sock)]
     deadline = time.monotonic() + timeout
+    empty_since: float | None = None
     # A poll: the loop's accept callback runs between them, and nothing signals an empty queue (a
     # second reader on the socket would replace the server's own in asyncio's selector loop).
-    while stopped and pending(stopped) and time.monotonic() < deadline:  # noqa: ASYNC110
+    while stopped and (now := time.monotonic()) < deadline:
+        if pending(stopped):
+            empty_since = None
+        elif empty_since is None:
+            empty_since = now
+        elif now - empty_since >= _SETTLE_S:
+            break
         await asyncio.sleep(_POLL_S)
     left = sum(1 for sock in stopped if pending([sock]))
     if left:

@@ -92,6 +92,29 @@ def test_once_handshakes_stop_a_new_client_waits_and_is_refused_after_the_close(
         _connect(port)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_filter_drops_only_a_new_connections_syn_so_a_handshake_under_way_completes(host):
+    """The handshake's last packet is an ACK, and the listener's filter sees it: dropping it would
+    leave the client sending into a connection that the close then resets. The filter is put on an
+    accepted connection here, whose packets all carry ACK, to show the kernel passes them; and on a
+    listener, whose SYNs it drops (the offset of the flags is the same for IPv4 and IPv6)."""
+    with socket.socket(socket.getaddrinfo(host, 0)[0][0]) as sock:
+        sock.bind((host, 0))
+        sock.listen(8)
+        port = sock.getsockname()[1]
+        client = socket.create_connection((host, port), timeout=5)
+        accepted, _ = sock.accept()
+        with client, accepted:
+            assert listener.stop_handshakes(accepted) is True
+            client.sendall(b"ping")
+            accepted.settimeout(5)
+            assert accepted.recv(4) == b"ping", "a packet with ACK set passes the filter"
+            assert listener.stop_handshakes(sock) is True
+            with pytest.raises(TimeoutError):
+                socket.create_connection((host, port), timeout=0.3)
+
+
 def test_listen_binds_every_address_the_host_resolves_to_and_reports_a_taken_port():
     sockets = listener.listen("localhost", 0)
     try:
