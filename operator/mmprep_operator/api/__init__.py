@@ -10,8 +10,8 @@ Field names are snake_case in Python and camelCase on the wire (aliases).
 
 # The resource's types are read as ``api.X`` everywhere (``api.MultimodalPreprocessorSpec``,
 # ``api.KIND``), as kubebuilder's ``api/v1alpha1`` package is: one name for the API whichever of
-# its modules (``base``, ``spec``, ``autoscaling``, ``drain``, ``status``) defines a type. So they are re-exported here, and
-# only here; ``crd``, ``rbac`` and ``policy`` are imported as modules of their own.
+# its modules (``base``, ``spec``, ``autoscaling``, ``drain``, ``engine``, ``status``) defines a type. So they are re-exported
+# here, and only here; ``crd``, ``rbac`` and ``policy`` are imported as modules of their own.
 from mmprep_operator.api.autoscaling import (
     Autoscaling,
     PoolAutoscaling,
@@ -39,6 +39,7 @@ from mmprep_operator.api.base import (
 )
 from mmprep_operator.api.corev1 import Quantity
 from mmprep_operator.api.drain import Drain
+from mmprep_operator.api.engine import Engine, EngineService
 from mmprep_operator.api.serving import ServingSpec
 from mmprep_operator.api.spec import (
     Disruption,
@@ -85,6 +86,8 @@ __all__ = [
     "Disruption",
     "DisruptionBound",
     "Drain",
+    "Engine",
+    "EngineService",
     "IntOrString",
     "LabelMap",
     "ModelSource",

@@ -97,8 +97,9 @@ class OperatorPolicy(_Strict):
     # image says so in spec.imagePlatforms.
     image_platforms: list[Platform] | None = Field(None, alias="imagePlatforms", max_length=16)
     # The runtime image built with the mmprep[vllm] extra (vLLM's own processing: every model the
-    # engine's vLLM renders), for `api: vllm-render` resources that name no image; unset: those get
-    # defaultImage too (the native path only: Qwen2-VL and Qwen2.5-VL images, text for the rest).
+    # engine's vLLM renders; vLLM's derender for spec.engine's OpenAI front), for `api: vllm-render`
+    # and spec.engine resources that name no image; unset: those get defaultImage too (the native
+    # path only: Qwen2-VL and Qwen2.5-VL images, text for the rest).
     vllm_render_image: str | None = Field(None, alias="vllmRenderImage", min_length=1)
     overrides: list[WorkerOverride] = Field(default_factory=list)
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)

@@ -26,6 +26,7 @@ from mmprep_operator.api.base import (
     is_gpu_resource,
 )
 from mmprep_operator.api.drain import Drain
+from mmprep_operator.api.engine import Engine
 from mmprep_operator.api.serving import ServingSpec
 from mmprep_runtime.sizing import Backend, Device
 
@@ -270,6 +271,14 @@ class MultimodalPreprocessorSpec(ApiModel):
         description="What the runtime pods serve: mmprep (POST /v1/preprocess on port 8080) or vllm-render "
         "(vLLM's GPU-less render API on port 8000: POST /v1/chat/completions/render answering the "
         "GenerateRequest that vLLM's generate server takes). The Service port and the probes follow.",
+    )
+    engine: Engine | None = Field(
+        None,
+        description="The vLLM engine behind an OpenAI front: with it the pods also answer OpenAI's "
+        "/v1/chat/completions and /v1/completions, rendering each request, sending the render to the engine's "
+        "POST /inference/v1/generate and derendering its answer (vLLM's code: the runtime image with vLLM, the "
+        "operator policy's vllmRenderImage, or spec.image). Several engine replicas go behind one Service, which "
+        "balances them.",
     )
     normalized_pixels: bool = Field(
         False,

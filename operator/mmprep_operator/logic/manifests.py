@@ -131,6 +131,13 @@ def runtime_flags(serving: api.ServingSpec) -> list[str]:
     return out
 
 
+def engine_flags(owner: Owner, spec: api.MultimodalPreprocessorSpec) -> list[str]:
+    """``--engine URL`` for a resource with ``spec.engine`` (its OpenAI front's engine), else nothing."""
+    if spec.engine is None:
+        return []
+    return ["--engine", spec.engine.base_url(owner.namespace)]
+
+
 def deployment(
     owner: Owner, spec: api.MultimodalPreprocessorSpec, d: PoolDecision, replicas: int | None, policy: OperatorPolicy
 ) -> dict[str, Any]:
@@ -150,6 +157,7 @@ def deployment(
             "--port",
             str(serving.port),
             *serving.extra_args,
+            *engine_flags(owner, spec),
             "--termination-log",
             TERMINATION_LOG,
         ],

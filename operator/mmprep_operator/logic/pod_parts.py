@@ -27,11 +27,12 @@ RUN_AS: Final = 65532
 
 
 def image_of(spec: api.MultimodalPreprocessorSpec, policy: OperatorPolicy) -> str:
-    """The resource's image, else the policy's: its vLLM flavor for `api: vllm-render` where it
-    names one (the render tier must run the engine's vLLM version), its default image otherwise."""
+    """The resource's image, else the policy's: its vLLM flavor for `api: vllm-render` or a
+    `spec.engine` where it names one (the render tier must run the engine's vLLM version, and the
+    OpenAI front's derender is vLLM's code), its default image otherwise."""
     if spec.image:
         return spec.image
-    if spec.api == "vllm-render" and policy.vllm_render_image:
+    if (spec.api == "vllm-render" or spec.engine is not None) and policy.vllm_render_image:
         return policy.vllm_render_image
     return policy.default_image
 

@@ -134,6 +134,11 @@ VIOLATIONS = [
         {"model": {"path": "/m"}, "serving": {"fetchAllowedNetworks": ["10.0.0.0/33"]}},
         "serving.fetchAllowedNetworks must hold IP networks",
     ),
+    (
+        {"model": {"path": "/m"}, "engine": {"url": "http://e:8000", "service": {"name": "e", "port": 8000}}},
+        "set exactly one of engine.url and engine.service",
+    ),
+    ({"model": {"path": "/m"}, "engine": {}}, "set exactly one of engine.url and engine.service"),
 ]
 
 
@@ -202,6 +207,8 @@ def test_the_security_rules_accept_what_the_operator_itself_renders() -> None:
                 "prometheus": {"serverAddress": "http://p:9090"},
             },
         },
+        {"model": {"path": "/m"}, "engine": {"url": "http://vllm-engine.serving.svc:8000"}},
+        {"model": {"path": "/m"}, "engine": {"service": {"name": "vllm-engine", "port": 8000}}},
     ],
 )
 def test_valid_specs_pass(spec: dict) -> None:
