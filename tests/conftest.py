@@ -145,7 +145,8 @@ TEST_NAMESPACE_PREFIX = "it-"
 UNWATCHED_NAMESPACE_PREFIX = "ns-"
 
 #: The operator policy the tests run with: an admin's per-GPU measurement (GB300, GPU path: 3),
-#: and short calibration runs (calibration stays off unless a resource asks for it).
+#: short calibration runs (calibration stays off unless a resource asks for it), and a spec.engine
+#: checked every 3 s (the default 15), so that a test sees an engine go away within seconds.
 OPERATOR_POLICY = """\
 defaultImage: mmprep-runtime:test
 overrides:
@@ -156,6 +157,7 @@ calibration:
   secondsPerCount: 2
   imageSizes: ["640x480"]
   timeoutSeconds: 240
+engineCheckSeconds: 3
 """
 
 

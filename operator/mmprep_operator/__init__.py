@@ -18,8 +18,8 @@ Where a concern lives (the layers, and which may import which, are the import co
 - ``control``: what runs: kopf's ``handlers`` and its memo (``state``), the ``controller``
   (watch events -> ``workqueue`` -> workers), ``reconcile`` (one level-triggered pass), its
   ``planner`` and its collaborators, one I/O job each (``probe_jobs``, ``calibration_jobs`` over
-  ``shared_jobs``, ``applier``, ``autoscalers``, ``reference_checker``, ``status_writer``,
-  ``event_poster``), the watch's view of children (``children``), the Prometheus ``metrics`` and
+  ``shared_jobs``, ``applier``, ``autoscalers``, ``reference_checker``, ``engine_checker``,
+  ``status_writer``, ``event_poster``), the watch's view of children (``children``), the Prometheus ``metrics`` and
   the leader election (``leadership``).
 - ``cli`` (``mmprep-operator run|render|crd|crd-reference|rbac|policy-schema``) and ``logs``; the small
   helpers ``yamlio`` and ``bounded`` (the bounded caches).

@@ -4,7 +4,8 @@ With it, each runtime pod also answers OpenAI's ``/v1/chat/completions`` and ``/
 it renders the request in-process, sends the render to the engine's ``POST
 {url}/inference/v1/generate`` and derenders the answer (``mmprep-runtime serve --engine URL``,
 which ``logic.manifests`` writes). The engine is named once, either as a URL or as a Service in
-the resource's own namespace; ``Engine.base_url`` is the one place that turns either into the URL.
+the resource's own namespace; ``Engine.base_url`` is the one place that turns either into the URL
+the pods are given and the operator checks (``control.engine_checker``: ``GET {url}/health``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Engine(ApiModel):
         max_length=512,
         pattern=URL_PATTERN,
         description="The engine's base URL, e.g. http://vllm-engine.serving.svc:8000 (no path; the pods add "
-        "/inference/v1/generate).",
+        "/inference/v1/generate, the operator's check /health).",
     )
     service: EngineService | None = Field(
         None,

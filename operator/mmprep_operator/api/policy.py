@@ -30,6 +30,10 @@ DEFAULT_WORKERS: Final = 4
 DEFAULT_URGENT_WORKERS: Final = 8
 #: A full resync is the safety net under event-driven reconciles (lost watch events, clock drift).
 DEFAULT_RESYNC_SECONDS: Final = 300.0
+#: How often a resource's spec.engine is checked (``GET <url>/health``), so that its
+#: EngineReachable condition follows the engine: often enough that an engine going away shows
+#: within a quarter of a minute, one small GET per engine and interval.
+DEFAULT_ENGINE_CHECK_SECONDS: Final = 15.0
 #: Prometheus /metrics port, and the liveness endpoint's (/healthz); 0 disables either.
 DEFAULT_METRICS_PORT: Final = 8000
 DEFAULT_LIVENESS_PORT: Final = 8081
@@ -105,6 +109,7 @@ class OperatorPolicy(_Strict):
     probe: ProbeDefaults = Field(default_factory=ProbeDefaults)
     calibration: CalibrationDefaults = Field(default_factory=CalibrationDefaults)
     resync_seconds: float = Field(DEFAULT_RESYNC_SECONDS, alias="resyncSeconds", gt=0)
+    engine_check_seconds: float = Field(DEFAULT_ENGINE_CHECK_SECONDS, alias="engineCheckSeconds", ge=1, le=3600)
 
 
 class PolicyError(ValueError):

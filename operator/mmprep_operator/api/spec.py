@@ -278,7 +278,7 @@ class MultimodalPreprocessorSpec(ApiModel):
         "/v1/chat/completions and /v1/completions, rendering each request, sending the render to the engine's "
         "POST /inference/v1/generate and derendering its answer (vLLM's code: the runtime image with vLLM, the "
         "operator policy's vllmRenderImage, or spec.image). Several engine replicas go behind one Service, which "
-        "balances them.",
+        "balances them. The operator checks GET <url>/health (condition EngineReachable).",
     )
     normalized_pixels: bool = Field(
         False,

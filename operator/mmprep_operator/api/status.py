@@ -25,7 +25,10 @@ ReasonText = Annotated[str, Field(min_length=1, max_length=1024, pattern=REASON_
 class Condition(ApiModel):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="Condition type: Ready, Probed, Cloneable or Degraded.")
+    type: str = Field(
+        description="Condition type: Ready, Probed, Cloneable or Degraded; Autoscaling with spec.autoscaling, "
+        "EngineReachable with spec.engine."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: ReasonText = Field(description="CamelCase reason (logic.conditions lists the operator's).")
     message: str = Field("", description="Human-readable explanation.")
@@ -147,7 +150,8 @@ class MultimodalPreprocessorStatus(ApiModel):
     observed_generation: int | None = Field(None, description="The generation last reconciled.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Probed, Cloneable and Degraded.",
+        description="Ready, Probed, Cloneable and Degraded; Autoscaling while spec.autoscaling is set, EngineReachable "
+        "while spec.engine is (whether the engine answered the operator's GET <url>/health).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     probe: ProbeStatus | None = Field(None, description="The probe and its result.")

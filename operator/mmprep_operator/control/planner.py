@@ -40,6 +40,7 @@ class Planned:
         problem: status.Problem | None,
         autoscalers: Mapping[str, Mapping[str, object] | None],
         pod_problems: Mapping[str, api.PoolProblem] | None = None,
+        engine: status.EngineCheck | None = None,
     ) -> status.Observation:
         plan = self.plan
         return status.Observation(
@@ -56,6 +57,7 @@ class Planned:
             pool_problems={**(pod_problems or {}), **plan.pool_problems},
             scaling=plan.scaling,
             autoscalers=autoscalers,
+            engine=engine,
         )
 
 

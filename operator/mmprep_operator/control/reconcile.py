@@ -13,6 +13,9 @@ policy, and is composed here:
   cache, or its Job) and the pool grouping of the current nodes;
 - ``applier``: server-side apply with its conflict policy, and prune of vanished pools;
 - ``autoscalers``: whether the cluster has metrics-server and KEDA (cached), for spec.autoscaling;
+- ``engine_checker``: whether spec.engine answers ``GET <url>/health`` (cached briefly), asked
+  once per pass of a resource with an engine; such a resource is looked at again within the
+  policy's ``engineCheckSeconds``, so that its EngineReachable condition follows the engine;
 - ``status_writer``: the status write (maybe conditional), which hands Events to ``event_poster``.
 
 The state kept between calls is optimisation only: the collaborators' caches (the planner's pool
@@ -50,6 +53,7 @@ from mmprep_operator.control.applier import ChildApplier
 from mmprep_operator.control.autoscalers import AutoscalerDetector
 from mmprep_operator.control.calibration_jobs import CalibrationJobs
 from mmprep_operator.control.children import ChildStore
+from mmprep_operator.control.engine_checker import EngineChecker
 from mmprep_operator.control.event_poster import DRAIN_SECONDS, EventPoster, utcnow
 from mmprep_operator.control.metrics import Metrics
 from mmprep_operator.control.planner import Planned, Planner
@@ -94,6 +98,12 @@ class Outcome:
     kind: OutcomeKind
     requeue_after: float | None = None
 
+    def within(self, seconds: float) -> Outcome:
+        """The same outcome, looked at again after ``seconds`` at the latest."""
+        if self.requeue_after is not None and self.requeue_after <= seconds:
+            return self
+        return dataclasses.replace(self, requeue_after=seconds)
+
 
 @dataclasses.dataclass(frozen=True)
 class _Read:
@@ -105,6 +115,8 @@ class _Read:
     #: replaces it for the rest of the pass.
     previous: api.MultimodalPreprocessorStatus | None
     fresh: bool
+    #: What spec.engine's health check said in this pass (None: no engine, or no parsed spec yet).
+    engine: status.EngineCheck | None = None
 
     @property
     def generation(self) -> int | None:
@@ -119,7 +131,7 @@ class _Read:
         return identity.selector_string(self.owner)
 
     def observation(self, **observed: Any) -> status.Observation:
-        return status.Observation(self.generation, self.selector, **observed)
+        return status.Observation(self.generation, self.selector, engine=self.engine, **observed)
 
 
 @dataclasses.dataclass
@@ -148,6 +160,7 @@ class Reconciler:
     applier: ChildApplier = dataclasses.field(init=False)
     autoscalers: AutoscalerDetector = dataclasses.field(init=False)
     reference_checker: ReferenceChecker = dataclasses.field(init=False)
+    engines: EngineChecker = dataclasses.field(init=False)
     events: EventPoster = dataclasses.field(init=False)
     writer: StatusWriter = dataclasses.field(init=False)
     #: Per resource, the newest resourceVersion this reconciler read (a GET) or wrote (its status).
@@ -160,6 +173,9 @@ class Reconciler:
         calibrations = CalibrationJobs(self.kube, self.policy, self.clock)
         self.planner = Planner(self.policy, self.nodes, calibrations, self.autoscalers)
         self.reference_checker = ReferenceChecker(self.kube)
+        # An answer outlives a burst of passes but not the interval: the pass that comes back
+        # for the check (``_finish``) always asks the engine anew.
+        self.engines = EngineChecker(ttl_seconds=self.policy.engine_check_seconds / 3)
         self.events = EventPoster(self.kube, self.clock, background=events_in_background)
         self.writer = StatusWriter(self.kube, self.metrics, self.events, self.clock)
 
@@ -176,8 +192,10 @@ class Reconciler:
             raise
 
     async def close(self, timeout: float = DRAIN_SECONDS) -> None:
-        """Post the Events still waiting (for at most ``timeout`` seconds), then stop posting."""
+        """Post the Events still waiting (for at most ``timeout`` seconds), then stop posting;
+        close the engine checks' session."""
         await self.events.close(timeout)
+        await self.engines.close()
 
     async def _reconcile(self, namespace: str, name: str) -> Outcome:
         key = (namespace, name)
@@ -225,6 +243,8 @@ class Reconciler:
             # Only reachable when the CRD in the cluster is older/laxer than this operator.
             obs = read.observation(spec_error=api.describe_validation_error(e))
             return await self._finish(read, obs, Outcome("invalid"))
+        if spec.engine is not None:
+            read = dataclasses.replace(read, engine=await self.engines.check(spec.engine.base_url(namespace)))
 
         missing = await self.reference_checker.missing(namespace, spec)
         if missing:
@@ -279,7 +299,7 @@ class Reconciler:
             pool: self.children.autoscaler(s.kind, namespace, s.deployment) if s.kind is not None else None
             for pool, s in planned.plan.scaling.items()
         }
-        return planned.observation(read.generation, read.selector, deployments, problem, autoscalers, pod_problems)
+        return planned.observation(read.generation, read.selector, deployments, problem, autoscalers, pod_problems, read.engine)
 
     async def _apply(self, read: _Read, planned: Planned) -> Outcome | ReadAgain:
         """Apply the plan's children and report what came of it."""
@@ -324,8 +344,14 @@ class Reconciler:
         return await self._finish(read, obs, Outcome("done"))
 
     async def _finish(self, read: _Read, obs: status.Observation, outcome: Outcome) -> Outcome | ReadAgain:
-        """Report the pass's last observation; then ``outcome``, or ``READ_AGAIN`` if it was not written."""
-        return READ_AGAIN if await self._report(read, obs) is READ_AGAIN else outcome
+        """Report the pass's last observation; then ``outcome``, or ``READ_AGAIN`` if it was not written.
+
+        A resource with an engine comes back within ``engineCheckSeconds`` whatever else it waits
+        for: no event tells that an engine went away or came back, so that pass is its check.
+        """
+        if await self._report(read, obs) is READ_AGAIN:
+            return READ_AGAIN
+        return outcome.within(self.policy.engine_check_seconds) if obs.engine is not None else outcome
 
     def _pod_problems(
         self, owner: identity.Owner, plan: Plan, deployments: Mapping[str, status.DeploymentState]

@@ -17,7 +17,8 @@ from typing import Final
 
 
 class ConditionType:
-    """The four conditions every resource's status carries, in the order they are listed."""
+    """The conditions of a resource's status, in the order they are listed: the first four always,
+    the others only while the spec asks for what they report on."""
 
     READY: Final = "Ready"
     PROBED: Final = "Probed"
@@ -25,6 +26,8 @@ class ConditionType:
     DEGRADED: Final = "Degraded"
     #: Only while spec.autoscaling is set: whether every pool has an autoscaler, and which.
     AUTOSCALING: Final = "Autoscaling"
+    #: Only while spec.engine is set: whether the engine answered the operator's GET <url>/health.
+    ENGINE_REACHABLE: Final = "EngineReachable"
 
 
 CONDITION_TYPES: Final = (
@@ -33,6 +36,7 @@ CONDITION_TYPES: Final = (
     ConditionType.CLONEABLE,
     ConditionType.DEGRADED,
     ConditionType.AUTOSCALING,
+    ConditionType.ENGINE_REACHABLE,
 )
 
 
@@ -92,6 +96,10 @@ class Reason:
     AUTOSCALED_BY_KEDA: Final = "AutoscaledByKEDA"
     NO_METRICS_SERVER: Final = "NoMetricsServer"
     NO_KEDA: Final = "NoKEDA"
+
+    # EngineReachable (and its Events): whether spec.engine's GET <url>/health answered 200.
+    ENGINE_ANSWERS: Final = "EngineAnswers"
+    ENGINE_UNREACHABLE: Final = "EngineUnreachable"
 
     # Events only: what changed between two statuses.
     DECIDED: Final = "Decided"

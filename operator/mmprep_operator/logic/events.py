@@ -78,6 +78,13 @@ def events(previous: api.MultimodalPreprocessorStatus | None, new: api.Multimoda
         out.append(EventSpec("Warning", c.reason, c.message))
     if (c := changed(ConditionType.DEGRADED)) is not None and c.status == "True" and c.reason not in {e.reason for e in out}:
         out.append(EventSpec("Warning", c.reason, c.message))
+    if (c := changed(ConditionType.ENGINE_REACHABLE)) is not None:
+        # Losing the engine is told each time; finding it only after it was lost (a first check
+        # that answers is no news).
+        if c.status == "False":
+            out.append(EventSpec("Warning", c.reason, c.message))
+        elif previous.condition(ConditionType.ENGINE_REACHABLE) is not None:
+            out.append(EventSpec("Normal", c.reason, c.message))
     if (c := changed(ConditionType.READY)) is not None and c.status == "True":
         out.append(EventSpec("Normal", c.reason, c.message))
     elif c is not None and c.reason in {p.problem.reason for p in new.pools if p.problem is not None} - {e.reason for e in out}:

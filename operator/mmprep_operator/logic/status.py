@@ -7,7 +7,11 @@ the generation it was computed for, and the four types always exist:
 - ``Probed``: the probe for the current probe hash finished and its answer could be read;
 - ``Cloneable``: the processor can be deep-copied (Unknown until probed);
 - ``Degraded``: something keeps the resource from working as asked (its reason says what);
-- ``Ready``: every desired pod of every pool is ready.
+- ``Ready``: every desired pod of every pool is ready;
+
+and two only while the spec asks for what they say: ``Autoscaling`` (spec.autoscaling) and
+``EngineReachable`` (spec.engine: whether the engine answered the operator's ``GET <url>/health``,
+an answer the control layer gets and hands in as ``Observation.engine``).
 
 Types and reasons come from ``conditions``; ``events`` tells the changes between two statuses.
 """
@@ -55,6 +59,18 @@ class DeploymentState:
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineCheck:
+    """What the operator's ``GET <url>/health`` of spec.engine got (``control.engine_checker`` asks)."""
+
+    #: The engine's base URL (``api.Engine.base_url``).
+    url: str
+    #: It answered 200 within the check's timeout.
+    answered: bool
+    #: Otherwise what it got, in words: its HTTP status, no answer in time, the connection's error.
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Observation:
     """Everything one reconcile learned; the input of ``fold``."""
 
@@ -77,6 +93,8 @@ class Observation:
     #: Nothing was planned or applied (``problem`` says why: a missing Secret, ...): the pools
     #: that serve stay in the status as they were, and so does the probe.
     held: bool = False
+    #: spec.engine's health check in this pass (None: no spec.engine, or a spec that did not parse).
+    engine: EngineCheck | None = None
 
 
 def timestamp(now: datetime) -> str:
@@ -181,6 +199,16 @@ def _autoscaling_condition(scaling: Mapping[str, autoscaling.PoolScaling]) -> tu
     return "True", first.reason, f"{len(scaling)} pool(s) scaled by {', '.join(engines)} ({first.message})"
 
 
+def _engine_condition(check: EngineCheck) -> tuple[Status, str, str]:
+    if check.answered:
+        return "True", Reason.ENGINE_ANSWERS, f"GET {check.url}/health answered 200"
+    return (
+        "False",
+        Reason.ENGINE_UNREACHABLE,
+        f"GET {check.url}/health: {check.error}; the pods' /v1/chat/completions and /v1/completions need the engine",
+    )
+
+
 def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, now: datetime) -> api.MultimodalPreprocessorStatus:
     previous = previous or api.MultimodalPreprocessorStatus()
     generation = obs.generation
@@ -267,6 +295,10 @@ def fold(previous: api.MultimodalPreprocessorStatus | None, obs: Observation, no
     elif planned:
         # Fixed replicas (again): the condition is only there while autoscaling is asked for.
         conditions = [c for c in conditions if c.type != ConditionType.AUTOSCALING]
+    if obs.engine is not None:
+        conditions = set_condition(conditions, ConditionType.ENGINE_REACHABLE, *_engine_condition(obs.engine), generation, now)
+    else:
+        conditions = [c for c in conditions if c.type != ConditionType.ENGINE_REACHABLE]
     conditions.sort(key=lambda c: CONDITION_TYPES.index(c.type) if c.type in CONDITION_TYPES else len(CONDITION_TYPES))
 
     return api.MultimodalPreprocessorStatus(

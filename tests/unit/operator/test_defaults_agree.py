@@ -47,3 +47,4 @@ def test_the_charts_defaults_are_the_operators() -> None:
     assert (operator["workers"], operator["urgentWorkers"]) == (policy.DEFAULT_WORKERS, policy.DEFAULT_URGENT_WORKERS)
     assert (operator["metricsPort"], operator["livenessPort"]) == (policy.DEFAULT_METRICS_PORT, policy.DEFAULT_LIVENESS_PORT)
     assert values["policy"]["resyncSeconds"] == policy.DEFAULT_RESYNC_SECONDS
+    assert values["policy"]["engineCheckSeconds"] == policy.DEFAULT_ENGINE_CHECK_SECONDS
