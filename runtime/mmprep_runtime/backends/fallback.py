@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.backends.protocol import Operation, RenderBackend
+from mmprep_runtime.backends.protocol import Operation, RenderBackend, Reply
 from mmprep_runtime.httpio.messages import Answer
 
 
@@ -47,6 +47,12 @@ class WithFallback:
             return await self.primary.answer(request, body, operation)
         except (errors.BeyondFastPath, errors.NeedsVllm):
             return await self.fallback.answer(request, body, operation)
+
+    async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
+        try:
+            return await self.primary.call(operation, body, request_id)
+        except (errors.BeyondFastPath, errors.NeedsVllm):
+            return await self.fallback.call(operation, body, request_id)
 
     def info(self) -> dict[str, Any]:
         return {**self.primary.info(), **self.fallback.info()}

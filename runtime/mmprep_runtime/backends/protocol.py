@@ -3,11 +3,14 @@
 The server admits requests by ``workers``, reports ``busy``, ``busy_seconds`` and ``queued`` as
 metrics, refuses requests while ``no_workers_reason`` says so, hands each request's body and its
 ``Operation`` to ``answer`` and closes the backend at shutdown. It never learns which engine
-answers: a native backend and vLLM's processes look the same from here.
+answers: a native backend and vLLM's processes look the same from here. The OpenAI front
+(``apis.openai``) asks through ``call`` instead: it reads the answer (a render to send to an
+engine, a derender to send on), where ``answer`` may hand the client's connection to the process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import Any, Protocol
 
@@ -29,6 +32,15 @@ class Operation(enum.Enum):
     DETOKENIZE = "/detokenize"
     #: A GET, answered only under vLLM's ``--enable-tokenizer-info-endpoint`` (404 otherwise).
     TOKENIZER_INFO = "/tokenizer_info"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """An answer held whole in this process: its status and its JSON body as the route wrote it
+    (vLLM's error JSON when the status is not 200)."""
+
+    status: int
+    body: bytes
 
 
 class RenderBackend(Protocol):
@@ -58,6 +70,12 @@ class RenderBackend(Protocol):
 
     async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
         """The answer to one request for ``operation``, its body read already (empty for a GET)."""
+        ...
+
+    async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
+        """The answer to a request this server makes itself (the OpenAI front's render and
+        derender), held whole; a refusal of its own raises the ``errors.RequestError`` that
+        ``answer`` would raise. ``request_id`` is the client's ``X-Request-Id``, as vLLM reads it."""
         ...
 
     def info(self) -> dict[str, Any]:

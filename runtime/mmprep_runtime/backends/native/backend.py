@@ -19,7 +19,7 @@ from aiohttp import web
 from mmprep_runtime import errors
 from mmprep_runtime.backends.model_facts import ModelFacts
 from mmprep_runtime.backends.native import stages
-from mmprep_runtime.backends.protocol import Operation
+from mmprep_runtime.backends.protocol import Operation, Reply
 from mmprep_runtime.engine import core
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
@@ -53,7 +53,7 @@ class NativeBackend:
     def no_workers_reason(self) -> str | None:
         return self.engine.pool.no_workers_reason
 
-    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
+    def _render_api(self, operation: Operation, request_id: str | None) -> stages.RenderApi:
         if operation not in (Operation.CHAT_RENDER, Operation.COMPLETION_RENDER):
             raise errors.NeedsVllm(
                 f"{operation.value} is answered by vLLM's own code, which this server does not have: "
@@ -61,10 +61,17 @@ class NativeBackend:
                 "route of vLLM's render server"
             )
         chat = operation is Operation.CHAT_RENDER
-        request_id = request.headers.get("X-Request-Id")
-        api = stages.RenderApi(self.engine.facts, self.model, self.limits, self.fetcher, chat, request_id=request_id)
+        return stages.RenderApi(self.engine.facts, self.model, self.limits, self.fetcher, chat, request_id=request_id)
+
+    async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
+        api = self._render_api(operation, request.headers.get("X-Request-Id"))
         served = await self.engine.serve(api, body)
         return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
+
+    async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
+        served = await self.engine.serve(self._render_api(operation, request_id), body)
+        payload = served.payload
+        return Reply(200, payload if isinstance(payload, bytes) else payload.joined())
 
     def info(self) -> dict[str, Any]:
         return {}

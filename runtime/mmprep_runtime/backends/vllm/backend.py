@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from mmprep_runtime.backends.protocol import Operation
+from mmprep_runtime.backends.protocol import Operation, Reply
 from mmprep_runtime.backends.vllm import forwarding, worker_pool
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import Answer
@@ -61,6 +61,13 @@ class VllmBackend:
         # Every route is vLLM's own: the request goes to a render process as it came.
         headers = {name: value for name in _FORWARDED_HEADERS if (value := request.headers.get(name)) is not None}
         return Answer(await self.forwarder.forward(request, body, headers), 0.0)
+
+    async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
+        headers = {"Content-Type": "application/json"}
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id
+        method = "GET" if operation is Operation.TOKENIZER_INFO else "POST"
+        return await self.forwarder.call(method, operation.value, body, headers)
 
     def info(self) -> dict[str, Any]:
         return {"general": self.pool.info()}

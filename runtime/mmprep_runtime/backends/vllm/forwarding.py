@@ -35,14 +35,15 @@ import asyncio
 import base64
 import binascii
 import socket
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final, TypeVar
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from mmprep_runtime import errors
+from mmprep_runtime.backends.protocol import Reply
 from mmprep_runtime.backends.vllm import handoff, worker_pool
 from mmprep_runtime.engine import decoding
 from mmprep_runtime.httpio import fetching
@@ -55,6 +56,8 @@ _URL_PARTS: Final = ("image_url", "video_url", "audio_url")
 _INLINE_TYPE: Final = "application/octet-stream"
 #: How long one forwarded request may take at most; the server's deadline usually ends it first.
 _FORWARD_TIMEOUT_S: Final = 600.0
+
+_T = TypeVar("_T")
 
 
 class RenderProcessLost(errors.NotReady):
@@ -263,19 +266,45 @@ class GeneralRenderer:
         else:
             parsed = None
         client = _client_socket(request)
+
+        async def send(endpoint: worker_pool.Endpoint) -> web.StreamResponse:
+            if client is not None:
+                return await self._hand_over(endpoint.handoff, request, client, body, headers, parsed)
+            url = f"http://localhost{request.path}"
+            answer = await self._request(endpoint.http, request.method, url, body, headers, parsed)
+            status, payload, content_type, charset = answer
+            return web.Response(status=status, body=payload, content_type=content_type, charset=charset)
+
+        return await self._on_a_process(send)
+
+    async def call(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> Reply:
+        """A render process's answer to a request this server makes itself, held whole."""
+        if body:
+            body, parsed = await prepare(body, self.fetcher, local_files=self.local_files)
+        else:
+            parsed = None
+
+        async def send(endpoint: worker_pool.Endpoint) -> Reply:
+            status, payload, _, _ = await self._request(endpoint.http, method, f"http://localhost{path}", body, headers, parsed)
+            return Reply(status, payload)
+
+        return await self._on_a_process(send)
+
+    async def _on_a_process(self, send: Callable[[worker_pool.Endpoint], Awaitable[_T]]) -> _T:
+        """``send`` on the process with the fewest requests in flight, and on another when that
+        one cannot take it.
+
+        A process that cannot be connected to got nothing: the request goes to the next one. One
+        that died holding it had written nothing to the client yet (the answer's head comes back
+        here first): the request goes to another process once. A request that ends two
+        processes is answered 503 rather than sent on to end a third."""
         lost: RenderProcessLost | None = None
-        # A process that cannot be connected to got nothing: the request goes to the next one. One
-        # that died holding it had written nothing to the client yet (the answer's head comes
-        # back here first): the request goes to another process once. A request that ends two
-        # processes is answered 503 rather than sent on to end a third.
         for _ in range(self.pool.processes + 1):
             # Only taking the lease raises GeneralPathUnavailable (no process is ready).
             try:
                 with self.pool.lease() as endpoint:
                     try:
-                        if client is not None:
-                            return await self._hand_over(endpoint.handoff, request, client, body, headers, parsed)
-                        return await self._forward(endpoint.http, request, body, headers, parsed)
+                        return await send(endpoint)
                     except (aiohttp.ClientConnectorError, _Refused):
                         self.pool.lost(endpoint.http)
                     except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
@@ -317,14 +346,13 @@ class GeneralRenderer:
             conversation.close()
             raise
 
-    async def _forward(
-        self, socket_path: str, request: web.Request, body: bytes, headers: dict[str, str], parsed: Any
-    ) -> web.Response:
-        url = f"http://localhost{request.path}"
-        async with self._session(socket_path).request(request.method, url, data=body, headers=headers) as answer:
+    async def _request(
+        self, socket_path: str, method: str, url: str, body: bytes, headers: dict[str, str], parsed: Any
+    ) -> tuple[int, bytes, str, str | None]:
+        """Status, body, content type and charset of a process's answer over HTTP."""
+        async with self._session(socket_path).request(method, url, data=body, headers=headers) as answer:
             check_server_error(answer.status, parsed)
-            payload = await answer.read()
-            return web.Response(status=answer.status, body=payload, content_type=answer.content_type, charset=answer.charset)
+            return answer.status, await answer.read(), answer.content_type, answer.charset
 
     async def close(self) -> None:
         for session in self._sessions.values():
