@@ -120,6 +120,21 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "KEY', on both paths (default: env VLLM_API_KEY, else none)",
     )
     serve.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="OpenAI API: a vLLM engine run with --enable-scale-out (its base URL, e.g. http://vllm:8000; give it once "
+        "per engine): /v1/chat/completions and /v1/completions are rendered here, generated there and derendered "
+        "here (default: env MMPREP_ENGINE_URLS, space-separated; none: no OpenAI API)",
+    )
+    serve.add_argument(
+        "--engine-timeout",
+        type=float,
+        default=None,
+        help="OpenAI API: seconds one generation may take, first byte to last token (default 600)",
+    )
+    serve.add_argument(
         "--served-model-name", default=None, help="vLLM render API: the model name /v1/models answers (default: --model as given)"
     )
     serve.add_argument(

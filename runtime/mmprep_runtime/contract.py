@@ -43,6 +43,9 @@ ENV_FETCH_ALLOWED_NETWORKS: Final = "MMPREP_FETCH_ALLOWED_NETWORKS"
 ENV_RENDER_PATH: Final = "MMPREP_RENDER_PATH"
 ENV_RENDER_PROCESSES: Final = "MMPREP_RENDER_PROCESSES"
 ENV_VLLM_ARGS: Final = "MMPREP_VLLM_ARGS"
+#: The vLLM engines the OpenAI front sends generate requests to (``serve --engine URL``, each given
+#: once; the variable holds them separated by spaces): base URLs such as ``http://engine:8000``.
+ENV_ENGINE_URLS: Final = "MMPREP_ENGINE_URLS"
 #: vLLM's own name for the API key (a pod takes it from a Secret through ``spec.env``).
 ENV_API_KEY: Final = "VLLM_API_KEY"
 #: The drain on SIGTERM (``DrainEnv``): seconds of serving while not ready, then the most seconds

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import ipaddress
 import shlex
+import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from mmprep_runtime import sizing
@@ -20,6 +21,7 @@ from mmprep_runtime.contract import (
     ENV_API_KEY,
     ENV_DEVICE,
     ENV_DRAIN_SECONDS,
+    ENV_ENGINE_URLS,
     ENV_FAST_PATHS,
     ENV_FETCH_ALLOWED_NETWORKS,
     ENV_IO_WORKERS,
@@ -139,6 +141,24 @@ class RenderSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """The vLLM engines behind the OpenAI front (``apis.openai``): none, no front."""
+
+    #: Base URLs of engines run with ``vllm serve MODEL --enable-scale-out`` (``http://host:port``).
+    urls: tuple[str, ...] = ()
+    #: Seconds to connect to an engine: one that does not answer is skipped after this (or, when it
+    #: is the last, the request is a 503), instead of holding the client.
+    connect_timeout_s: float = 3.0
+    #: Seconds one generation may take from request to its last token; a longer one is cut off.
+    timeout_s: float = 600.0
+    #: Seconds between the background checks of each engine's ``/health``.
+    health_interval_s: float = 5.0
+    #: Requests the front carries at once (each holds a render slot only while it renders): a
+    #: bound on memory and on what one pod asks of its engines; 429 beyond.
+    max_in_flight: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
 class ServeSettings:
     model: ModelSettings
     host: str = "0.0.0.0"
@@ -153,6 +173,7 @@ class ServeSettings:
     limits: Limits = Limits()
     load: Load = Load()
     render: RenderSettings = RenderSettings()
+    engines: EngineSettings = EngineSettings()
 
 
 def _env_count(environ: Mapping[str, str], name: str) -> int | None:
@@ -247,6 +268,7 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
     return ServeSettings(
         model=model_settings_from_args(args, environ),
         render=render_settings_from_args(args, environ),
+        engines=engine_settings_from_args(args, environ),
         host=args.host,
         port=args.port,
         processor_workers=args.processor_workers
@@ -258,6 +280,30 @@ def serve_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str
         limits=limits,
         load=load,
     )
+
+
+def engine_url(text: str) -> str:
+    """An engine's base URL, checked: http(s), a host, no query; the trailing slash dropped."""
+    parsed = urllib.parse.urlsplit(text.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
+        raise SettingsError(f"an engine is a base URL such as http://vllm-engine:8000, not {text!r}")
+    try:
+        parsed.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        raise SettingsError(f"an engine URL's port is not a port number: {text!r}") from None
+    return urllib.parse.urlunsplit(parsed).rstrip("/")
+
+
+def engine_settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> EngineSettings:
+    given = getattr(args, "engine", None) or environ.get(ENV_ENGINE_URLS, "").split()
+    urls = tuple(dict.fromkeys(engine_url(text) for text in given))
+    settings = EngineSettings(urls=urls)
+    timeout = getattr(args, "engine_timeout", None)
+    if timeout is not None:
+        if timeout <= 0:
+            raise SettingsError(f"--engine-timeout must be positive, got {timeout}")
+        settings = dataclasses.replace(settings, timeout_s=timeout)
+    return settings
 
 
 def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -145,7 +145,7 @@ async def drain(
     spent = time.monotonic() - (state.drain.began_at or time.monotonic())
     left = max(0.0, window - spent)
     if left:
-        in_flight = state.admission.in_flight if state.admission else 0
+        in_flight = server_state.in_flight(state)
         logger.info("draining: not ready, still serving for %.3g s more, %d request(s) in flight", left, in_flight)
     elif window:
         logger.info("draining: the window (%g s) was spent since the preStop hook began the drain", window)
@@ -161,21 +161,21 @@ async def drain(
     if runner.server is not None:
         # Idle keep-alive connections close now; busy ones after their answer (Connection: close).
         runner.server.pre_shutdown()
-    in_flight = state.admission.in_flight if state.admission else 0
+    in_flight = server_state.in_flight(state)
     logger.info(
         "drain window over: listener closed, refusing new requests, finishing %d in flight (at most %g s)",
         in_flight,
         load.shutdown_grace_s,
     )
-    if state.admission is not None and in_flight:
-        finished = asyncio.create_task(state.admission.drained(load.shutdown_grace_s))
+    if in_flight:
+        finished = asyncio.create_task(server_state.drained(state, load.shutdown_grace_s))
         hurried = asyncio.create_task(hurry.wait())
         await asyncio.wait({finished, hurried}, return_when=asyncio.FIRST_COMPLETED)
         hurried.cancel()
         if not finished.done() or not finished.result():
             finished.cancel()
             logger.warning(
-                "shutdown timeout over with %d request(s) still in flight: they are cut off", state.admission.in_flight
+                "shutdown timeout over with %d request(s) still in flight: they are cut off", server_state.in_flight(state)
             )
         else:
             logger.info("every request in flight finished")

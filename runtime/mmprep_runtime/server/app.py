@@ -7,8 +7,9 @@ admission, deadline, metrics, error mapping); ``health`` answers the probes, ``/
 socket is open. The event loop only moves bytes and awaits.
 
 Endpoints: mmprep's own ``POST /v1/preprocess``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/info``,
-``GET /metrics``; vLLM's render API ``POST /v1/chat/completions/render``,
-``POST /v1/completions/render``, ``GET /v1/models``, ``GET /health``, ``GET /version``.
+``GET /metrics``; vLLM's render server's routes (``apis.vllm_render_server``), ``GET /health``,
+``GET /version``; with engines (``--engine``), OpenAI's ``POST /v1/chat/completions`` and
+``POST /v1/completions`` (``apis.openai``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any, Final
 from aiohttp import hdrs, web
 
 from mmprep_runtime import errors
-from mmprep_runtime.apis import preprocess, vllm_render_server
+from mmprep_runtime.apis import openai, preprocess, vllm_render_server
 from mmprep_runtime.apis.routing import Route
 from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.generation.engines import EnginePool
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.server import health
 from mmprep_runtime.server.lifecycle import EngineFactory, start_engine
@@ -36,7 +38,7 @@ from mmprep_runtime.settings import ServeSettings
 
 def _admitted(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await admitted(request, route.handler, route.error_response)
+        return await admitted(request, route.handler, route.error_response, generates=route.generates)
 
     return handle
 
@@ -54,8 +56,9 @@ def _when_ready(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRes
     return handle
 
 
-#: Every HTTP API's routes; each module declares its own.
+#: Every HTTP API's routes; each module declares its own. The OpenAI front's exist with engines.
 API_ROUTES: Final = (*preprocess.ROUTES, *vllm_render_server.ROUTES)
+FRONT_ROUTES: Final = openai.ROUTES
 
 
 #: How long the pools may take to stop once the server's requests are done (or cut off); with the
@@ -99,7 +102,7 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
     app.on_response_prepare.append(close_while_draining)
     state = ServerState(settings=settings, metrics=Metrics(), fetcher=fetching.Fetcher(settings.render.fetch))
     app[STATE] = state
-    for route in API_ROUTES:
+    for route in (*API_ROUTES, *(FRONT_ROUTES if settings.engines.urls else ())):
         handler = _admitted(route) if route.admitted else _when_ready(route)
         if route.method == "GET":
             app.router.add_get(route.path, handler)  # and HEAD, as every GET route here answers it
@@ -113,6 +116,9 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
     app.router.add_get("/metrics", health.handle_metrics)
 
     async def lifecycle(app: web.Application) -> Any:
+        if settings.engines.urls:
+            state.engines = EnginePool(settings.engines, state.metrics.registry)
+            await state.engines.start()
         task = asyncio.create_task(start_engine(state, engine_factory))
         yield
         if not task.done():
@@ -124,6 +130,8 @@ def create_app(settings: ServeSettings, *, engine_factory: EngineFactory = engin
             # In-flight requests were waited for already (``serve``): what is left of the pool's
             # jobs belongs to requests cut off at the timeout, so the join is short.
             await asyncio.to_thread(state.engine.close, POOL_STOP_SECONDS)
+        if state.engines is not None:
+            await state.engines.close()
         await state.fetcher.close()
 
     app.cleanup_ctx.append(lifecycle)

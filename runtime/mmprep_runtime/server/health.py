@@ -59,6 +59,8 @@ async def handle_info(request: web.Request) -> web.Response:
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
     info["event_loop"] = event_loop_name(asyncio.get_running_loop())
+    if state.engines is not None:
+        info["engines"] = state.engines.info()
     if state.serving is not None:
         model = state.serving.model
         info["vllm_render"] = {

@@ -15,12 +15,17 @@ from collections.abc import Callable
 from mmprep_runtime.apis.routing import Serving
 from mmprep_runtime.backends import assembly, model_facts
 from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.generation.chain import Chain
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[..., engine_module.Engine]
+
+
+class FrontNeedsVllm(RuntimeError):
+    """The OpenAI front was asked for where no vLLM derenders."""
 
 
 def install_engine(
@@ -41,7 +46,21 @@ def install_engine(
     state.metrics.describe_engine(engine.info())
     state.render_path = rendering.path
     state.engine = engine
-    state.serving = Serving(engine, renderer, model, state.settings.limits, state.started, state.settings.render.api_key)
+    front = None
+    if state.engines is not None:
+        front = Chain(renderer, state.engines)
+        state.generations = Admission(state.settings.engines.max_in_flight)
+    state.serving = Serving(
+        engine,
+        renderer,
+        model,
+        state.settings.limits,
+        state.started,
+        state.settings.render.api_key,
+        deadline_s=state.settings.load.deadline_s,
+        render_slots=admission,
+        chain=front,
+    )
     state.metrics.ready.set(1)
 
 
@@ -61,7 +80,14 @@ async def start_engine(state: ServerState, factory: EngineFactory) -> None:
         )
         try:
             facts = model_facts.model_facts(engine.processor, engine.facts, settings.render)
-            return engine, assembly.start(settings, engine, facts, state.fetcher), facts
+            rendering = assembly.start(settings, engine, facts, state.fetcher)
+            if settings.engines.urls and not rendering.path.needs_general:
+                raise FrontNeedsVllm(
+                    "--engine needs vLLM's derender, which this server cannot run: "
+                    f"{rendering.path.reason}. Serve from the mmprep-runtime-vllm image (mmprep[vllm]), "
+                    "with the general path or the native one beside it"
+                )
+            return engine, rendering, facts
         except BaseException:
             engine.close()
             raise

@@ -21,13 +21,18 @@ from mmprep_runtime.server.state import SHUTTING_DOWN, STATE, not_serving_reason
 logger = logging.getLogger(__name__)
 
 
-async def admitted(request: web.Request, handler: Handler, render_error: ErrorResponse) -> web.StreamResponse:
-    """Readiness, admission, deadline, metrics and error mapping around one API handler."""
+async def admitted(
+    request: web.Request, handler: Handler, render_error: ErrorResponse, *, generates: bool = False
+) -> web.StreamResponse:
+    """Readiness, admission, deadline, metrics and error mapping around one API handler. A route
+    that ``generates`` (the OpenAI front) is admitted by the front's own slots and has no
+    deadline here: it takes a render slot and the deadline for its render itself."""
     state = request.app[STATE]
     arrived = time.perf_counter()
     outcome = "ok"
     try:
-        serving, admission, reason = state.serving, state.admission, not_serving_reason(state)
+        serving, reason = state.serving, not_serving_reason(state)
+        admission = state.generations if generates else state.admission
         if reason == SHUTTING_DOWN:
             retry = state.settings.load.retry_after_s
             raise errors.ShuttingDown(
@@ -38,11 +43,11 @@ async def admitted(request: web.Request, handler: Handler, render_error: ErrorRe
         if not admission.try_enter():
             retry = state.settings.load.retry_after_s
             raise errors.Overloaded(
-                f"all {admission.capacity} request slots are taken; retry in {retry} s",
+                f"all {admission.capacity} {'generation' if generates else 'request'} slots are taken; retry in {retry} s",
                 headers={"Retry-After": str(retry)},
             )
         try:
-            async with asyncio.timeout(state.settings.load.deadline_s):
+            async with asyncio.timeout(None if generates else state.settings.load.deadline_s):
                 answer = await handler(request, serving)
                 state.metrics.decode_seconds.observe(answer.decode_seconds)
                 return answer.response

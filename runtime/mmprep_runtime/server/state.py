@@ -18,6 +18,7 @@ from aiohttp import web
 from mmprep_runtime.apis.routing import Serving
 from mmprep_runtime.backends import choice
 from mmprep_runtime.engine import core
+from mmprep_runtime.generation.engines import EnginePool
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.drain import Drain
@@ -37,6 +38,10 @@ class ServerState:
     #: Which path renders vLLM render requests, and why.
     render_path: choice.RenderPath | None = None
     admission: Admission | None = None
+    #: The OpenAI front's engines and its own slots (a generation lasts far longer than a render:
+    #: it holds one of these, not a render slot); None without ``--engine``.
+    engines: EnginePool | None = None
+    generations: Admission | None = None
     startup_error: BaseException | None = None
     drain: Drain = dataclasses.field(default_factory=Drain)
     #: Set when the engine is ready or failed: `serve` waits on it to report a failed start.
@@ -71,3 +76,17 @@ def not_ready_reason(state: ServerState) -> str | None:
     if reason is None and not state.drain.ready:
         return DRAINING
     return reason
+
+
+def _slots(state: ServerState) -> list[Admission]:
+    return [slots for slots in (state.admission, state.generations) if slots is not None]
+
+
+def in_flight(state: ServerState) -> int:
+    """Requests being answered: render and preprocess requests, and the OpenAI front's."""
+    return sum(slots.in_flight for slots in _slots(state))
+
+
+async def drained(state: ServerState, timeout: float | None) -> bool:
+    """Wait until nothing is in flight; False if ``timeout`` passed first."""
+    return all(await asyncio.gather(*(slots.drained(timeout) for slots in _slots(state))))

@@ -1,0 +1,311 @@
+"""One OpenAI request carried through the tier: rendered here, generated at an engine, derendered
+here, so the answer is the one the engine's own OpenAI API gives for the same request.
+
+- Render: the request goes to the render backend as ``/v1/chat/completions/render`` (or
+  ``/v1/completions/render``) would take it; its answer is the engine's ``GenerateRequest`` (a
+  list of them for completions, one per prompt). A refusal is answered as the render answered it.
+- Generate: each ``GenerateRequest`` goes to an engine (``engines.EnginePool``) as it came from the
+  render, ``stream`` and ``stream_options`` included. An engine's refusal (a prompt over its
+  context, a bad sampling parameter) is answered as the engine wrote it: vLLM's error JSON is
+  OpenAI's error shape.
+- Derender: the engine's answer goes back to the render backend as ``.../derender`` takes it,
+  with the prompt's token ids and the original request (its media parts left out: the derender
+  reads the request's sampling, tool and parser fields, never its images, and media URLs would
+  be fetched again). Streamed, each engine event is derendered as it arrives, one call each,
+  carrying the ``stream_state`` the previous call returned (one per choice when ``n > 1``).
+
+Two fields are put back as the engine's own API writes them: the answer's ``id`` (the render's
+``chatcmpl-...``/``cmpl-...`` request id; the derender would answer the engine's internal
+``generate-tokens-...``), and ``usage.prompt_tokens_details`` (the engine counts cached prompt
+tokens; the derender, which never saw the cache, leaves them out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import orjson
+
+from mmprep_runtime import errors
+from mmprep_runtime.backends.protocol import Operation, RenderBackend, Reply
+from mmprep_runtime.generation.engines import EngineFailed, EnginePool, Generation
+
+#: Content parts that carry media (chat parts); the derender is given the text parts only.
+_MEDIA_PARTS: Final = frozenset({"image_url", "video_url", "audio_url", "input_audio", "image_embeds", "image_pil"})
+_JSON: Final = {"Content-Type": "application/json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """Chat or completion: the routes it is rendered and derendered by, and the derender's field
+    for the original request."""
+
+    render: Operation
+    derender: Operation
+    request_field: str
+
+
+CHAT: Final = Kind(Operation.CHAT_RENDER, Operation.CHAT_DERENDER, "chat_request")
+COMPLETION: Final = Kind(Operation.COMPLETION_RENDER, Operation.COMPLETION_DERENDER, "completion_request")
+
+
+class Passed(Exception):
+    """An answer passed on as its maker wrote it (a render's or an engine's refusal)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+def error_event(message: str, status: int) -> bytes:
+    """A stream's error event, as vLLM's OpenAI server writes one before ``[DONE]``."""
+    kind = "ServiceUnavailableError" if status in (502, 503, 504) else "BadRequestError"
+    return _event({"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+
+def _event(payload: Any) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+DONE: Final = b"data: [DONE]\n\n"
+
+
+def without_media(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` with every media part left out of its messages (a shallow copy; the request
+    itself is not changed)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return request
+    kept = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts = [p for p in content if not (isinstance(p, dict) and p.get("type") in _MEDIA_PARTS)]
+            message = {**message, "content": parts}
+        kept.append(message)
+    return {**request, "messages": kept}
+
+
+def _cached_details(usages: list[Any]) -> dict[str, Any] | None:
+    """The engines' ``prompt_tokens_details`` summed over their answers (None when none gave it)."""
+    details = [u.get("prompt_tokens_details") for u in usages if isinstance(u, dict)]
+    given = [d for d in details if isinstance(d, dict)]
+    if not given:
+        return None
+    cached = sum(int(d.get("cached_tokens") or 0) for d in given)
+    return {**given[0], "cached_tokens": cached}
+
+
+def _cut_at_stop_string(choice: dict[str, Any]) -> None:
+    """The text of a choice the engine stopped on a stop string, cut where the string begins, as
+    the engine's own API answers it (the engine reports the string; vLLM 0.32's derender leaves
+    it in). Generation stops at the string's first appearance, so the first one is where to cut."""
+    stop = choice.get("stop_reason")
+    if choice.get("finish_reason") != "stop" or not isinstance(stop, str) or not stop:
+        return
+    message = choice.get("message")
+    holder: dict[str, Any] = message if isinstance(message, dict) else choice
+    key = "content" if isinstance(message, dict) else "text"
+    text = holder.get(key)
+    if isinstance(text, str) and (at := text.find(stop)) >= 0:
+        holder[key] = text[:at]
+
+
+def _tool_calls_finish(choice: dict[str, Any], request: dict[str, Any]) -> None:
+    """``finish_reason: "tool_calls"`` for a choice whose tools the parser found, as the engine's
+    own API answers a request that let the model choose its tools (``tool_choice`` auto, the
+    default, or required); vLLM 0.32's whole derender leaves ``stop``."""
+    message = choice.get("message")
+    called = isinstance(message, dict) and bool(message.get("tool_calls"))
+    if called and choice.get("finish_reason") == "stop" and request.get("tool_choice", "auto") in ("auto", "required"):
+        choice["finish_reason"] = "tool_calls"
+
+
+def _drop_stop_token(choices: list[Any]) -> None:
+    """The last event of a choice the engine ended on a stop token (its EOS, or one of
+    ``stop_token_ids``) carries that token's id; the engine's own stream never writes its text,
+    and vLLM 0.32's streamed derender would (its whole derender drops it): leave it out."""
+    for choice in choices:
+        ids = choice.get("token_ids") if isinstance(choice, dict) else None
+        if choice.get("finish_reason") == "stop" and not isinstance(choice.get("stop_reason"), str) and ids:
+            choice["token_ids"] = ids[:-1]
+
+
+def _answer_id(rendered: list[dict[str, Any]]) -> str:
+    """The id the engine's own API gives the answer: the render's request id (for completions of
+    several prompts, the render numbered them ``-0``, ``-1``, ...: the base id)."""
+    first = str(rendered[0].get("request_id", ""))
+    if len(rendered) > 1 and first.endswith("-0"):
+        return first[:-2]
+    return first
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    """What the render answered: one ``GenerateRequest`` per prompt."""
+
+    kind: Kind
+    original: dict[str, Any]
+    requests: list[dict[str, Any]]
+    request_id: str | None
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.original.get("stream"))
+
+
+class Chain:
+    def __init__(self, renderer: RenderBackend, engines: EnginePool) -> None:
+        self.renderer = renderer
+        self.engines = engines
+
+    async def render(self, kind: Kind, body: bytes, original: dict[str, Any], request_id: str | None) -> Rendered:
+        """The render of ``body``; ``Passed`` with the render's own answer when it refuses."""
+        reply = await self.renderer.call(kind.render, body, request_id)
+        if reply.status != 200:
+            raise Passed(reply)
+        answer = orjson.loads(reply.body)
+        requests = answer if isinstance(answer, list) else [answer]
+        if not requests or not all(isinstance(r, dict) for r in requests):
+            raise errors.InternalError("the render answered no generate request")
+        return Rendered(kind, original, requests, request_id)
+
+    def _derender_body(self, rendered: Rendered, **fields: Any) -> bytes:
+        body = {
+            "model": rendered.original.get("model"),
+            rendered.kind.request_field: without_media(rendered.original),
+            **fields,
+        }
+        return orjson.dumps(body)
+
+    async def _derender(self, rendered: Rendered, body: bytes) -> dict[str, Any]:
+        reply = await self.renderer.call(rendered.kind.derender, body, rendered.request_id)
+        if reply.status != 200:
+            raise Passed(reply)
+        answer: dict[str, Any] = orjson.loads(reply.body)
+        return answer
+
+    async def _generate_whole(self, request: dict[str, Any]) -> dict[str, Any]:
+        async with self.engines.generate(orjson.dumps(request), _JSON) as generation:
+            body = await generation.read()
+            if generation.status != 200:
+                raise Passed(Reply(generation.status, _as_error_json(body, generation.status)))
+        try:
+            answer: dict[str, Any] = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise EngineFailed(f"the engine {generation.engine.url} answered something that is not JSON") from None
+        return answer
+
+    async def whole(self, rendered: Rendered) -> bytes:
+        """The whole answer (JSON) of a request that did not ask to stream."""
+        answers = await asyncio.gather(*(self._generate_whole(r) for r in rendered.requests))
+        prompts = [list(r["token_ids"]) for r in rendered.requests]
+        if rendered.kind is CHAT:
+            body = self._derender_body(
+                rendered,
+                stream=False,
+                generate_response=answers[0],
+                prompt_tokens=len(prompts[0]),
+                prompt_token_ids=prompts[0],
+            )
+        else:
+            body = self._derender_body(
+                rendered,
+                stream=False,
+                generate_responses=answers,
+                prompt_tokens=[len(p) for p in prompts],
+                prompt_token_ids=prompts,
+            )
+        answer = await self._derender(rendered, body)
+        answer["id"] = _answer_id(rendered.requests)
+        for choice in answer.get("choices") or ():
+            if not rendered.original.get("include_stop_str_in_output"):
+                _cut_at_stop_string(choice)
+            if rendered.kind is CHAT:
+                _tool_calls_finish(choice, rendered.original)
+        details = _cached_details([a.get("usage") for a in answers])
+        if details is not None and isinstance(answer.get("usage"), dict):
+            answer["usage"]["prompt_tokens_details"] = details
+        return orjson.dumps(answer)
+
+    @staticmethod
+    def check_streamable(kind: Kind, rendered: Rendered) -> None:
+        """A 400 for a stream the chain cannot carry, before anything is generated."""
+        if len(rendered.requests) != 1:
+            raise errors.BadRequest("a streamed completion takes one prompt here; send the prompts as separate requests")
+        if rendered.original.get("stop"):
+            # vLLM's derender cuts stop strings only from a whole answer (its streamed derender
+            # refuses them), and the engine does not when it answers token ids.
+            raise errors.BadRequest("`stop` strings are not supported with `stream: true` through the tier; stop on token ids")
+
+    async def open_stream(self, rendered: Rendered) -> AsyncIterator[bytes]:
+        """Start generating a streamed request; once the engine answered 200 (a refusal is
+        ``Passed`` before any byte went to the client), the server-sent events to send on,
+        ``[DONE]`` last. The caller closes them (``aclose``) when it stops early: that closes the
+        engine's stream, and the engine stops generating."""
+        self.check_streamable(rendered.kind, rendered)
+        opened = self.engines.generate(orjson.dumps(rendered.requests[0]), _JSON)
+        generation = await opened.__aenter__()
+        try:
+            if generation.status != 200:
+                raise Passed(Reply(generation.status, _as_error_json(await generation.read(), generation.status)))
+        except BaseException:
+            await opened.__aexit__(None, None, None)
+            raise
+        return self._events(rendered, generation, opened)
+
+    async def _events(self, rendered: Rendered, generation: Generation, opened: Any) -> AsyncIterator[bytes]:
+        prompt = list(rendered.requests[0]["token_ids"])
+        answer_id = _answer_id(rendered.requests)
+        states: dict[int, Any] = {}
+        last = 0
+        try:
+            async for data in generation.events():
+                event = orjson.loads(data)
+                if not isinstance(event, dict) or "error" in event:
+                    yield b"data: " + data + b"\n\n"  # the engine's own error event, as it wrote it
+                    continue
+                choices = event.get("choices") or []
+                index = int(choices[0].get("index", 0)) if choices else last
+                _drop_stop_token(choices)
+                body = self._derender_body(
+                    rendered,
+                    stream=True,
+                    generate_chunk=event,
+                    stream_state=states.get(index),
+                    prompt_tokens=len(prompt),
+                    prompt_token_ids=prompt,
+                )
+                try:
+                    answer = await self._derender(rendered, body)
+                except Passed as passed:
+                    yield b"data: " + _as_error_json(passed.reply.body, passed.reply.status) + b"\n\n" + DONE
+                    return
+                states[index], last = answer["stream_state"], index
+                chunk = answer["chunk"]
+                chunk["id"] = answer_id
+                details = _cached_details([event.get("usage")])
+                if details is not None and isinstance(chunk.get("usage"), dict):
+                    chunk["usage"]["prompt_tokens_details"] = details
+                yield _event(chunk)
+        except errors.RequestError as exc:
+            # The engine stopped mid-answer (or a derender could not be made): the client is told
+            # so, in the stream, rather than seeing it end as if it were complete.
+            yield error_event(exc.message, exc.status) + DONE
+            return
+        finally:
+            await opened.__aexit__(None, None, None)
+        yield DONE
+
+
+def _as_error_json(body: bytes, status: int) -> bytes:
+    """``body`` when it is JSON (vLLM's error answers are), else an OpenAI-shaped error around it."""
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        message = body.decode("utf-8", "replace")[:1000] or f"HTTP {status}"
+        return orjson.dumps({"error": {"message": message, "type": "EngineError", "param": None, "code": status}})
+    return body
