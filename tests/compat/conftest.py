@@ -24,6 +24,18 @@ def vllm_venv() -> pathlib.Path:
     return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="session")
+def cpu_engine_venv() -> pathlib.Path:
+    """vLLM's CPU build, the engine of the generate tests, installed on first use and cached by
+    version (seconds when warm)."""
+    done = subprocess.run(
+        [str(HACK / "vllm" / "venv.sh"), "cpu-engine"], stdout=subprocess.PIPE, text=True, timeout=3600, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/vllm/venv.sh cpu-engine failed with exit code {done.returncode}; see its output above", pytrace=False)
+    return pathlib.Path(done.stdout.strip().splitlines()[-1])
+
+
 class _Media(http.server.BaseHTTPRequestHandler):
     files: ClassVar[dict[str, tuple[str, bytes]]] = {}
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from support import readme
-from support.kube import HACK, REPO
+from support.kube import REPO
 from support.render_servers import Server, data_uri
 from support.servers import free_port, vllm_render_env
 
@@ -51,17 +51,6 @@ def readme_generate_command() -> list[str]:
     lines = [line for block in blocks for line in block.splitlines()]
     (line,) = [line for line in lines if line.startswith("vllm serve ")]
     return shlex.split(line.split("#", 1)[0])
-
-
-@pytest.fixture(scope="module")
-def cpu_engine_venv() -> pathlib.Path:
-    """vLLM's CPU build, installed on first use and cached by version (seconds when warm)."""
-    done = subprocess.run(
-        [str(HACK / "vllm" / "venv.sh"), "cpu-engine"], stdout=subprocess.PIPE, text=True, timeout=3600, check=False
-    )
-    if done.returncode != 0:
-        pytest.fail(f"hack/vllm/venv.sh cpu-engine failed with exit code {done.returncode}; see its output above", pytrace=False)
-    return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
 
 def _engine_env() -> dict[str, str]:

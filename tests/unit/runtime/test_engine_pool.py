@@ -327,3 +327,26 @@ def test_engine_timeout_is_taken_when_positive() -> None:
     assert engines.timeout_s == 30.0
     with pytest.raises(SettingsError, match="--engine-timeout"):
         settings.engine_settings_from_args(_serve_args("--engine-timeout", "0"), {})
+
+
+# Failing: runtime bugs reported, not fixed here.
+
+
+async def test_a_stream_read_to_its_done_counts_as_ok_not_abandoned(made: Pools) -> None:
+    a = await made.engine()
+    a.answer = answer_events([generate_response("g", [1]), generate_response("g", [2])])
+    pool = await made.pool(a.url, health_interval_s=3600)
+    async with pool.generate(BODY, JSON) as generation:
+        assert len([event async for event in generation.events()]) == 2
+    assert made.sample("mmprep_engine_requests_total", engine=a.url, outcome="abandoned") is None
+    assert made.sample("mmprep_engine_requests_total", engine=a.url, outcome="ok") == 1
+
+
+async def test_an_engine_gone_since_its_last_check_is_skipped_not_a_502(made: Pools) -> None:
+    a, b = await made.engine(), await made.engine()
+    pool = await made.pool(a.url, b.url, health_interval_s=3600)
+    await _until(lambda: _checked(pool))  # both checked: the pool holds a keep-alive connection to each
+    await a.close()  # A goes (its connections closed, its port refusing); the pool still takes it to be up
+    url, status, body = await _generate_whole(pool)
+    assert (url, status) == (b.url, 200), body  # the request never reached A: B may take it
+    assert pool.info()[0]["up"] is False
