@@ -24,10 +24,6 @@ logger = logging.getLogger(__name__)
 EngineFactory = Callable[..., engine_module.Engine]
 
 
-class FrontNeedsVllm(RuntimeError):
-    """The OpenAI front was asked for where no vLLM derenders."""
-
-
 def install_engine(
     state: ServerState, engine: engine_module.Engine, rendering: assembly.Rendering, model: model_facts.ModelFacts
 ) -> None:
@@ -80,14 +76,7 @@ async def start_engine(state: ServerState, factory: EngineFactory) -> None:
         )
         try:
             facts = model_facts.model_facts(engine.processor, engine.facts, settings.render)
-            rendering = assembly.start(settings, engine, facts, state.fetcher)
-            if settings.engines.urls and not rendering.path.needs_general:
-                raise FrontNeedsVllm(
-                    "--engine needs vLLM's derender, which this server cannot run: "
-                    f"{rendering.path.reason}. Serve from the mmprep-runtime-vllm image (mmprep[vllm]), "
-                    "with the general path or the native one beside it"
-                )
-            return engine, rendering, facts
+            return engine, assembly.start(settings, engine, facts, state.fetcher), facts
         except BaseException:
             engine.close()
             raise

@@ -12,18 +12,36 @@ that serves them where it is not.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
+import orjson
 from aiohttp import web
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends.model_facts import ModelFacts
-from mmprep_runtime.backends.native import stages
+from mmprep_runtime.backends.native import derender, stages
 from mmprep_runtime.backends.protocol import Operation, Reply
-from mmprep_runtime.engine import core
+from mmprep_runtime.engine import core, patches
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
 from mmprep_runtime.settings import Limits
+
+
+def _whole_or_streamed(
+    whole: Callable[[Any, dict[str, Any], str], dict[str, Any]], streamed: Callable[[Any, dict[str, Any], str], dict[str, Any]]
+) -> Callable[[Any, dict[str, Any], str], dict[str, Any]]:
+    def derender_body(tokenizer: Any, body: dict[str, Any], model: str) -> dict[str, Any]:
+        return (streamed if body.get("stream") else whole)(tokenizer, body, model)
+
+    return derender_body
+
+
+#: The derenders the OpenAI front asks of this backend (``call``); the routes stay vLLM's.
+_DERENDERS: Final = {
+    Operation.CHAT_DERENDER: _whole_or_streamed(derender.chat, derender.chat_stream),
+    Operation.COMPLETION_DERENDER: _whole_or_streamed(derender.completion, derender.completion_stream),
+}
 
 
 class NativeBackend:
@@ -69,9 +87,27 @@ class NativeBackend:
         return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
 
     async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
-        served = await self.engine.serve(self._render_api(operation, request_id), body)
+        derender_body = _DERENDERS.get(operation)
+        if derender_body is not None:
+            return Reply(200, orjson.dumps(self._derender(derender_body, body)))
+        api = self._render_api(operation, request_id)
+        # The front renders to generate and then derender: a request whose answer this backend
+        # cannot derender goes to vLLM's render (the fallback) before any token is generated.
+        try:
+            derender.check(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            pass  # the render answers it
+        served = await self.engine.serve(api, body)
         payload = served.payload
         return Reply(200, payload if isinstance(payload, bytes) else payload.joined())
+
+    def _derender(self, derender: Callable[[Any, dict[str, Any], str], dict[str, Any]], body: bytes) -> dict[str, Any]:
+        # The OpenAI front's own call, on the event loop: decoding an event's few ids takes
+        # microseconds, a whole answer's thousand a fraction of a millisecond.
+        parsed = orjson.loads(body)
+        if parsed.get("stream") and not isinstance(parsed.get("stream_state"), (dict, type(None))):
+            raise errors.BadRequest("stream_state must be an object")
+        return derender(patches.tokenizer_of(self.engine.processor), parsed, self.model.served_name)
 
     def info(self) -> dict[str, Any]:
         return {}
