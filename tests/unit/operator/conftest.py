@@ -6,11 +6,29 @@ import pathlib
 from typing import Any
 
 import pytest
+import yaml
 
-from mmprep_operator import api
+from mmprep_operator import api, yamlio
+from mmprep_operator.api.policy import OperatorPolicy
+from mmprep_operator.logic import identity
 from mmprep_operator.logic.nodes import NodeFacts, node_facts
+from mmprep_operator.logic.plan import make_plan
 
 DATA = pathlib.Path(__file__).parent / "data"
+
+
+def plan_objects(policy: OperatorPolicy | None = None, **spec_fields: Any) -> dict[str, dict[str, Any]]:
+    """The objects the plan renders for ``data/cr.yaml`` (with ``spec_fields`` over its spec) on
+    ``data/nodes.yaml``'s nodes, by kind."""
+    body = yaml.safe_load((DATA / "cr.yaml").read_text())
+    spec = api.MultimodalPreprocessorSpec.model_validate({**body["spec"], **spec_fields})
+    nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
+    result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
+    meta = body["metadata"]
+    plan = make_plan(
+        identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, policy or OperatorPolicy()
+    )
+    return {obj["kind"]: obj for obj in plan.objects}
 
 
 def gpu_labels(

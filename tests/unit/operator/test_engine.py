@@ -11,19 +11,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import yaml
 from aiohttp import web
-from conftest import DATA
+from conftest import plan_objects
 from pydantic import ValidationError
 from reconcile_cluster import GPU_SPEC, PROBE_OK, Cluster
 from test_status_conditions import T0, T1, cond, observation
 
-from mmprep_operator import api, yamlio
+from mmprep_operator import api
 from mmprep_operator.api.policy import DEFAULT_ENGINE_CHECK_SECONDS, OperatorPolicy
 from mmprep_operator.control.engine_checker import EngineChecker
-from mmprep_operator.logic import events, identity, probe, status
-from mmprep_operator.logic.nodes import node_facts
-from mmprep_operator.logic.plan import make_plan
+from mmprep_operator.logic import events, probe, status
 
 # ------------------------------------------------------------------------------- the API's shapes
 
@@ -71,29 +68,17 @@ def test_an_engine_service_needs_a_service_name_and_a_port(service: dict[str, An
 # ----------------------------------------------------------------------------------- rendering
 
 
-def _plan_objects(policy: OperatorPolicy | None = None, **spec_fields: Any) -> dict[str, dict[str, Any]]:
-    body = yaml.safe_load((DATA / "cr.yaml").read_text())
-    spec = api.MultimodalPreprocessorSpec.model_validate({**body["spec"], **spec_fields})
-    nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
-    result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
-    meta = body["metadata"]
-    plan = make_plan(
-        identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, policy or OperatorPolicy()
-    )
-    return {obj["kind"]: obj for obj in plan.objects}
-
-
 def _command(objects: dict[str, dict[str, Any]]) -> list[str]:
     command: list[str] = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
     return command
 
 
 def test_the_pools_runtime_is_given_the_engine_only_when_there_is_one() -> None:
-    assert "--engine" not in _command(_plan_objects())
-    command = _command(_plan_objects(engine={"url": "http://10.0.0.7:8000/"}))
+    assert "--engine" not in _command(plan_objects())
+    command = _command(plan_objects(engine={"url": "http://10.0.0.7:8000/"}))
     assert command[command.index("--engine") :][:2] == ["--engine", "http://10.0.0.7:8000"]
     # A Service is named in the resource's namespace (cr.yaml's is "serving").
-    command = _command(_plan_objects(engine={"service": {"name": "vllm-engine", "port": 8000}}))
+    command = _command(plan_objects(engine={"service": {"name": "vllm-engine", "port": 8000}}))
     assert command[command.index("--engine") + 1] == "http://vllm-engine.serving.svc:8000"
     assert command.count("--engine") == 1
 
@@ -101,7 +86,7 @@ def test_the_pools_runtime_is_given_the_engine_only_when_there_is_one() -> None:
 def test_an_engine_resource_runs_the_policys_vllm_image_and_needs_no_new_probe() -> None:
     policy = OperatorPolicy.model_validate({"defaultImage": "reg/mmprep-runtime:1", "vllmRenderImage": "reg/vllm:1"})
     engine = {"url": "http://e:8000"}
-    container = _plan_objects(policy, image=None, engine=engine)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    container = plan_objects(policy, image=None, engine=engine)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "reg/vllm:1"
     # The flag is the serving pods' alone: what the probe loads (so its hash) does not change.
     base = {"model": {"path": "/m"}, "image": "mine:1"}

@@ -6,27 +6,10 @@ import shlex
 from typing import Any
 
 import pytest
-import yaml
-from conftest import DATA
+from conftest import plan_objects
 from pydantic import ValidationError
 
-from mmprep_operator import api, yamlio
 from mmprep_operator.api.policy import OperatorPolicy
-from mmprep_operator.logic import identity
-from mmprep_operator.logic.nodes import node_facts
-from mmprep_operator.logic.plan import make_plan
-
-
-def _objects(policy: OperatorPolicy | None = None, **spec_fields: Any) -> dict[str, dict[str, Any]]:
-    body = yaml.safe_load((DATA / "cr.yaml").read_text())
-    spec = api.MultimodalPreprocessorSpec.model_validate({**body["spec"], **spec_fields})
-    nodes = [node_facts(n) for n in yamlio.load_objects((DATA / "nodes.yaml").read_text())]
-    result = api.ProbeResult(cloneable=True, fast_image_processor=True, declared_workers=None)
-    meta = body["metadata"]
-    plan = make_plan(
-        identity.Owner(meta["name"], meta["namespace"], meta["uid"]), spec, nodes, result, policy or OperatorPolicy()
-    )
-    return {obj["kind"]: obj for obj in plan.objects}
 
 
 def _container(objects: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -34,7 +17,7 @@ def _container(objects: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_the_default_api_is_mmprep_on_8080_with_readyz():
-    objects = _objects()
+    objects = plan_objects()
     container = _container(objects)
     assert container["ports"][0]["containerPort"] == 8080
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -43,7 +26,7 @@ def test_the_default_api_is_mmprep_on_8080_with_readyz():
 
 
 def test_vllm_render_serves_on_vllms_port_with_its_health_probe():
-    objects = _objects(api="vllm-render")
+    objects = plan_objects(api="vllm-render")
     container = _container(objects)
     assert container["command"][container["command"].index("--port") + 1] == "8000"
     assert container["ports"][0]["containerPort"] == 8000
@@ -54,12 +37,12 @@ def test_vllm_render_serves_on_vllms_port_with_its_health_probe():
 
 
 def test_normalized_pixels_reach_the_runtime_flag():
-    assert "--normalized-pixels" in _container(_objects(api="vllm-render", normalizedPixels=True))["command"]
+    assert "--normalized-pixels" in _container(plan_objects(api="vllm-render", normalizedPixels=True))["command"]
 
 
 def test_an_unknown_api_is_refused():
     with pytest.raises(ValidationError, match="vllm-render"):
-        _objects(api="openai")
+        plan_objects(api="openai")
 
 
 VLLM_POLICY = OperatorPolicy.model_validate(
@@ -68,17 +51,17 @@ VLLM_POLICY = OperatorPolicy.model_validate(
 
 
 def test_vllm_render_resources_get_the_policys_vllm_image_and_others_the_default():
-    assert _container(_objects(VLLM_POLICY, api="vllm-render", image=None))["image"] == "reg/mmprep-runtime-vllm:1"
-    assert _container(_objects(VLLM_POLICY, image=None))["image"] == "reg/mmprep-runtime:1"
+    assert _container(plan_objects(VLLM_POLICY, api="vllm-render", image=None))["image"] == "reg/mmprep-runtime-vllm:1"
+    assert _container(plan_objects(VLLM_POLICY, image=None))["image"] == "reg/mmprep-runtime:1"
     # Without a vLLM image in the policy, the default image serves vllm-render too (native path only).
-    assert _container(_objects(api="vllm-render", image=None))["image"] == OperatorPolicy().default_image
+    assert _container(plan_objects(api="vllm-render", image=None))["image"] == OperatorPolicy().default_image
     # A resource's own image wins over both.
-    assert _container(_objects(VLLM_POLICY, api="vllm-render", image="mine:2"))["image"] == "mine:2"
+    assert _container(plan_objects(VLLM_POLICY, api="vllm-render", image="mine:2"))["image"] == "mine:2"
 
 
 def test_the_render_path_and_vllms_options_reach_the_runtime_flags():
     serving = {"renderPath": "general", "renderProcesses": 3, "vllmArgs": ["--limit-mm-per-prompt", '{"image": 4}']}
-    command = _container(_objects(api="vllm-render", serving=serving))["command"]
+    command = _container(plan_objects(api="vllm-render", serving=serving))["command"]
     assert command[command.index("--render-path") + 1] == "general"
     assert command[command.index("--render-processes") + 1] == "3"
     # One argument joined to its flag (a value starting with "--" would read as a flag), split back
@@ -97,4 +80,4 @@ def test_the_render_path_and_vllms_options_reach_the_runtime_flags():
 )
 def test_a_bad_render_setting_is_refused(serving: dict[str, Any], message: str):
     with pytest.raises(ValidationError, match=message):
-        _objects(api="vllm-render", serving=serving)
+        plan_objects(api="vllm-render", serving=serving)
