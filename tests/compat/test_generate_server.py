@@ -25,11 +25,12 @@ import os
 import pathlib
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import readme
+from support import openai_answers, readme
 from support.kube import REPO
 from support.render_servers import Server, data_uri
 from support.servers import free_port, vllm_render_env
@@ -160,3 +161,79 @@ def test_tokens_only_refuses_a_multimodal_model_as_the_readme_says(
     )
     assert done.returncode != 0
     assert "requires a tokenizer" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+
+
+# ------------------------------------------------------------- the OpenAI front on the native path
+
+
+@pytest.fixture(scope="module")
+def native_front(
+    servers: tuple[Server, Server], model: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """``serve --engine`` on the native path (``--render-path native``: no vLLM process at all, the
+    derender is the native backend's): the front the default runtime image runs."""
+    engine, _ = servers
+    work = tmp_path_factory.mktemp("native-front")
+    command = [str(pathlib.Path(sys.executable).parent / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(model)]
+    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-path", "native", "--engine", engine.url]
+    front = Server(
+        "mmprep native front", command, {**os.environ, "PYTHONPATH": str(REPO / "runtime")}, "/health", work / "front.log"
+    )
+    try:
+        yield front.wait()
+    finally:
+        front.stop()
+
+
+def _seen(status_answer: tuple[int, Any]) -> Any:
+    """What an OpenAI client reads of a whole answer: per choice its text and finish; the usage."""
+    status, answer = status_answer
+    assert status == 200, answer
+    choices = {
+        c["index"]: (
+            (c.get("message") or {}).get("content") if "message" in c else c["text"],
+            c["finish_reason"],
+            c.get("stop_reason"),
+        )
+        for c in answer["choices"]
+    }
+    usage = {k: answer["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    return choices, usage
+
+
+def test_the_native_front_answers_as_the_engines_own_api_without_vllm(
+    servers: tuple[Server, Server], native_front: Server
+) -> None:
+    engine, _ = servers
+    assert native_front.get("/v1/info")[1]["vllm_render"]["path"] == "native"
+    model = str(engine.get("/v1/models")[1]["data"][0]["id"])
+    chat = {**_chat(seed=31), "model": model}
+    assert _seen(native_front.post("/v1/chat/completions", chat)) == _seen(engine.post("/v1/chat/completions", chat))
+    # Sampled: a seed makes the engine draw the same tokens for both requests.
+    sampled = {**chat, "temperature": 1.0, "seed": 3, "max_tokens": 12}
+    assert _seen(native_front.post("/v1/chat/completions", sampled)) == _seen(engine.post("/v1/chat/completions", sampled))
+    completion = {"model": model, "prompt": "Hello there", "max_tokens": 12, "temperature": 1.0, "seed": 5}
+    own = engine.post("/v1/completions", completion)
+    assert _seen(native_front.post("/v1/completions", completion)) == _seen(own)
+    # A stop string the engine met: the text cut where it begins, as the engine's API cuts it.
+    text = own[1]["choices"][0]["text"]
+    stop = next((text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].strip()), None)
+    if stop is not None:
+        stopped = {**completion, "stop": [stop]}
+        assert _seen(native_front.post("/v1/completions", stopped)) == _seen(engine.post("/v1/completions", stopped))
+    leave_out = ("prompt_tokens_details", "completion_tokens_details")  # cache counts: the second request hits
+    for body, path in ((sampled, "/v1/chat/completions"), (completion, "/v1/completions")):
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        own, ours = (openai_answers.events(openai_answers.post(s, path, streamed)[1]) for s in (engine, native_front))
+        assert openai_answers.read_stream(ours, leave_out)["choices"] == openai_answers.read_stream(own, leave_out)["choices"]
+        assert openai_answers.read_stream(ours, leave_out)["usage"] == openai_answers.read_stream(own, leave_out)["usage"]
+
+
+def test_the_native_front_refuses_what_only_vllm_derenders_before_generating(
+    servers: tuple[Server, Server], native_front: Server
+) -> None:
+    engine, _ = servers
+    model = str(engine.get("/v1/models")[1]["data"][0]["id"])
+    for field, value in (("logprobs", True), ("n", 2)):
+        status, answer = native_front.post("/v1/chat/completions", {**_chat(seed=32), "model": model, field: value})
+        assert status == 400 and f"{field}" in answer["error"]["message"], answer

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import pytest
+from support import openai_answers
 from support.kube import REPO, wait_for
 from support.render_servers import Server
 from support.servers import free_port, vllm_render_env
@@ -98,6 +99,10 @@ def servers(
 _PER_ANSWER: Final = frozenset({"id", "created", "system_fingerprint", "prompt_tokens_details", "completion_tokens_details"})
 
 
+def _read(events: list[Any]) -> dict[str, Any]:
+    return openai_answers.read_stream(events, leave_out=_PER_ANSWER)
+
+
 def _comparable(value: Any) -> Any:
     if isinstance(value, dict):
         out = {k: _comparable(v) for k, v in value.items() if k not in _PER_ANSWER}
@@ -109,54 +114,12 @@ def _comparable(value: Any) -> Any:
     return value
 
 
-def _post(server: Server, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
-    try:
-        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
-def _events(raw: bytes) -> list[Any]:
-    """The payloads of a server-sent event stream, ``"[DONE]"`` as itself."""
-    payloads = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
-    return [p if p == "[DONE]" else json.loads(p) for p in payloads]
-
-
-def _read_stream(events: list[Any]) -> dict[str, Any]:
-    """What an OpenAI client makes of a stream: per choice its joined text, reasoning and tool
-    calls and its finish reason; the usage; the ids the events carried."""
-    assert events and events[-1] == "[DONE]", events[-3:]
-    choices: dict[int, dict[str, Any]] = {}
-    usage = None
-    ids = set()
-    for event in events[:-1]:
-        assert "error" not in event, event
-        ids.add(event["id"])
-        if event.get("usage"):
-            usage = {k: v for k, v in event["usage"].items() if k not in _PER_ANSWER}
-        for choice in event["choices"]:
-            seen = choices.setdefault(choice["index"], {"text": "", "reasoning": "", "tools": {}, "finish": None})
-            delta = choice.get("delta") or {}
-            seen["text"] += (delta.get("content") if "delta" in choice else choice.get("text")) or ""
-            seen["reasoning"] += delta.get("reasoning") or ""
-            for call in delta.get("tool_calls") or ():
-                tool = seen["tools"].setdefault(call["index"], {"name": "", "arguments": ""})
-                function = call.get("function") or {}
-                tool["name"] += function.get("name") or ""
-                tool["arguments"] += function.get("arguments") or ""
-            seen["finish"] = choice.get("finish_reason") or seen["finish"]
-    return {"choices": choices, "usage": usage, "ids": ids}
-
-
 def _both(engine: Server, tier: Server, path: str, body: dict[str, Any]) -> tuple[tuple[int, Any], tuple[int, Any]]:
     """The engine's own answer to ``body``, then the tier's (parsed: JSON, or a stream's events)."""
     answers = []
     for server in (engine, tier):
-        status, raw = _post(server, path, body)
-        answers.append((status, _events(raw) if body.get("stream") and status == 200 else json.loads(raw)))
+        status, raw = openai_answers.post(server, path, body)
+        answers.append((status, openai_answers.events(raw) if body.get("stream") and status == 200 else json.loads(raw)))
     return answers[0], answers[1]
 
 
@@ -177,26 +140,6 @@ def _forced(model: pathlib.Path, text: str, **fields: Any) -> dict[str, Any]:
     return {"model": str(model), "messages": messages, "max_tokens": 256, "temperature": 0, **forced, **fields}
 
 
-def _metric(server: Server, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``, from ``/metrics``."""
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    try:
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-    finally:
-        connection.close()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        sample, _, value = line.rpartition(" ")
-        if sample.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in sample for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 # ---------------------------------------------------------------------------------------- tests
 
 
@@ -215,7 +158,7 @@ def test_a_streamed_image_chat_joins_to_the_engines_own_stream_with_usage_and_do
     body = _image_chat(model, image_seed=22, stream=True, stream_options={"include_usage": True})
     (own_status, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", body)
     assert (status, own_status) == (200, 200)
-    read_own, read_ours = _read_stream(own), _read_stream(ours)
+    read_own, read_ours = _read(own), _read(ours)
     assert (read_ours["choices"], read_ours["usage"]) == (read_own["choices"], read_own["usage"])
     assert read_ours["usage"]["completion_tokens"] == 8
     assert len(read_ours["ids"]) == 1 and next(iter(read_ours["ids"])).startswith("chatcmpl-")
@@ -239,15 +182,15 @@ def test_a_streamed_completion_and_n_sampled_choices_are_answered_as_the_engine_
     engine, tier, _ = servers
     body = {"model": str(model), "prompt": "Once", "max_tokens": 6, "temperature": 0, "stream": True}
     (_, own), (status, ours) = _both(engine, tier, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
-    assert status == 200 and _read_stream(ours)["choices"] == _read_stream(own)["choices"]
+    assert status == 200 and _read(ours)["choices"] == _read(own)["choices"]
     # n > 1 samples; a seed makes the engine draw the same choices for both requests.
     sampled = _image_chat(model, image_seed=23, n=2, temperature=1.0, seed=7)
     (_, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", sampled)
     assert status == 200 and len(ours["choices"]) == 2
     assert _comparable(ours) == _comparable(own)
     (_, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", {**sampled, "stream": True})
-    assert status == 200 and set(_read_stream(ours)["choices"]) == {0, 1}
-    assert _read_stream(ours)["choices"] == _read_stream(own)["choices"]
+    assert status == 200 and set(_read(ours)["choices"]) == {0, 1}
+    assert _read(ours)["choices"] == _read(own)["choices"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -262,7 +205,7 @@ def test_a_tool_call_is_parsed_as_the_engine_parses_it(servers, model, stream):
         assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
         assert ours["choices"][0]["finish_reason"] == "tool_calls"
         return
-    read_own, read_ours = _read_stream(own), _read_stream(ours)
+    read_own, read_ours = _read(own), _read(ours)
     assert read_ours["choices"] == read_own["choices"]
     assert read_ours["choices"][0]["tools"][0]["name"] == "get_weather"
 
@@ -277,7 +220,7 @@ def test_a_reasoning_models_answer_is_split_as_the_engine_splits_it(servers, mod
         message = ours["choices"][0]["message"]
         assert "The sky is clear." in message["reasoning"] and message["content"].strip() == "Paris is sunny."
         return
-    read_own, read_ours = _read_stream(own), _read_stream(ours)
+    read_own, read_ours = _read(own), _read(ours)
     assert read_ours["choices"] == read_own["choices"]
     assert "The sky is clear." in read_ours["choices"][0]["reasoning"]
 
@@ -286,17 +229,17 @@ def test_an_engines_refusal_is_passed_on_and_a_render_refusal_never_reaches_the_
     engine, tier, _ = servers
     # Within the tier's context (the model's), beyond the engine's: the engine's own 400.
     long_prompt = {"model": str(model), "prompt": "hello " * (ENGINE_CONTEXT + 100), "max_tokens": 4}
-    status, raw = _post(tier, "/v1/completions", long_prompt)
+    status, raw = openai_answers.post(tier, "/v1/completions", long_prompt)
     answer = json.loads(raw)
     assert status == 400 and answer["error"]["type"] == "BadRequestError", answer
     assert str(ENGINE_CONTEXT) in answer["error"]["message"], answer
     # A model the tier does not serve: its render refuses it as the engine's own API does, and
     # no generate request is sent.
-    sent = _metric(tier, "mmprep_engine_requests_total")
+    sent = openai_answers.metric(tier, "mmprep_engine_requests_total")
     other = _image_chat(model, image_seed=24, model="other")
     (own_status, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", other)
     assert (status, ours) == (own_status, own) and status == 404, (own, ours)
-    assert _metric(tier, "mmprep_engine_requests_total") == sent
+    assert openai_answers.metric(tier, "mmprep_engine_requests_total") == sent
 
 
 def test_the_engine_that_refuses_connections_is_skipped_and_shown_down(servers, model):
@@ -305,13 +248,16 @@ def test_the_engine_that_refuses_connections_is_skipped_and_shown_down(servers, 
     assert status == 200
     by_url = {e["url"]: e for e in info["engines"]}
     assert by_url[dead]["up"] is False and by_url[engine.url]["up"] is True, info["engines"]
-    assert _metric(tier, "mmprep_engine_up", engine=dead) == 0 and _metric(tier, "mmprep_engine_up", engine=engine.url) == 1
+    assert (
+        openai_answers.metric(tier, "mmprep_engine_up", engine=dead) == 0
+        and openai_answers.metric(tier, "mmprep_engine_up", engine=engine.url) == 1
+    )
     assert by_url[engine.url]["requests"] > 0
 
 
 def test_a_client_that_leaves_mid_stream_has_the_engine_abort_its_request(servers, model):
     engine, tier, _ = servers
-    generated = _metric(engine, "vllm:generation_tokens_total")
+    generated = openai_answers.metric(engine, "vllm:generation_tokens_total")
     # ignore_eos: left alone, the engine would write all of them.
     asked = ENGINE_CONTEXT - 300
     body = _image_chat(model, image_seed=25, stream=True, max_tokens=asked, ignore_eos=True)
@@ -323,6 +269,6 @@ def test_a_client_that_leaves_mid_stream_has_the_engine_abort_its_request(server
         assert response.readline().startswith(b"data: ")
         response.readline()
     connection.close()  # the client goes, 3 events in
-    wait_for(lambda: _metric(engine, "vllm:num_requests_running") == 0, 60, what="the engine to stop generating")
-    written = _metric(engine, "vllm:generation_tokens_total") - generated
+    wait_for(lambda: openai_answers.metric(engine, "vllm:num_requests_running") == 0, 60, what="the engine to stop generating")
+    written = openai_answers.metric(engine, "vllm:generation_tokens_total") - generated
     assert 3 <= written < asked / 2, f"the engine wrote {written} of {asked} tokens: it was not aborted"

@@ -247,7 +247,12 @@ class Chain:
         ``[DONE]`` last. The caller closes them (``aclose``) when it stops early: that closes the
         engine's stream, and the engine stops generating."""
         self.check_streamable(rendered.kind, rendered)
-        opened = self.engines.generate(orjson.dumps(rendered.requests[0]), _JSON)
+        request = rendered.requests[0]
+        if request.get("stream_options") is None and rendered.original.get("stream_options") is not None:
+            # The native render leaves the options out (its answer is vLLM's non-streamed render's);
+            # the engine reads them from here: a usage event only when asked for.
+            request = {**request, "stream_options": rendered.original["stream_options"]}
+        opened = self.engines.generate(orjson.dumps(request), _JSON)
         generation = await opened.__aenter__()
         try:
             if generation.status != 200:

@@ -146,7 +146,8 @@ def _sampling(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
         if value is not None:
             sampling[name] = value
     if "n" in sampling and sampling["n"] != 1:
-        raise errors.BadRequest("'n' other than 1 is not supported by the render endpoint")
+        # vLLM's render passes n on; whether this path writes it the same was never compared.
+        raise errors.BeyondFastPath("'n' other than 1 is rendered by vLLM's code, which this server does not have")
     max_tokens = _typed(payload, "max_completion_tokens", (int,))
     if max_tokens is None:
         max_tokens = _typed(payload, "max_tokens", (int,))

@@ -8,10 +8,11 @@ fallback), a 400 naming the field where it is not.
 
 The text is what vLLM's engine writes for the same ids: the stop token (its EOS, or one of
 ``stop_token_ids``) left out, the request's ``skip_special_tokens`` and
-``spaces_between_special_tokens`` honoured, the text cut where a stop string begins. Streamed,
-each event's delta is decoded incrementally as vLLM and TGI do: the text of the ids since a
-prefix offset, less the text of the ids up to the last read offset, held back while it ends in
-an incomplete character (U+FFFD); the state (offsets and the ids so far) is this server's own and
+``spaces_between_special_tokens`` honoured, the text cut where a stop string begins. Whole or
+streamed, the text is decoded incrementally, token by token, as vLLM's detokenizer does: the text
+of the ids since a prefix offset, less the text of the ids up to the last read offset, held back
+while it ends in an incomplete character (U+FFFD), so bytes of a character the answer never
+completes are never written. The state (offsets and the ids so far) is this server's own and
 never leaves it (the front carries it from one call to the next).
 
 Bodies and answers are those of vLLM's ``/v1/chat/completions/derender`` and
@@ -95,7 +96,7 @@ def chat(tokenizer: Any, body: dict[str, Any], model: str) -> dict[str, Any]:
     options = _decode_options(request)
     choices = []
     for choice in generated.get("choices") or ():
-        text = _cut(_decode(tokenizer, _output_ids(choice), options), choice, request)
+        text = _cut(_text(tokenizer, _output_ids(choice), options), choice, request)
         choices.append(
             {
                 "index": choice.get("index", 0),
@@ -131,7 +132,7 @@ def completion(tokenizer: Any, body: dict[str, Any], model: str) -> dict[str, An
             choices.append(
                 {
                     "index": prompt_index * n + int(choice.get("index", 0)),
-                    "text": _cut(_decode(tokenizer, _output_ids(choice), options), choice, request),
+                    "text": _cut(_text(tokenizer, _output_ids(choice), options), choice, request),
                     "logprobs": None,
                     "finish_reason": choice.get("finish_reason"),
                     "stop_reason": choice.get("stop_reason"),
@@ -148,25 +149,38 @@ def completion(tokenizer: Any, body: dict[str, Any], model: str) -> dict[str, An
     }
 
 
+def _new_state() -> dict[str, Any]:
+    return {"ids": [], "prefix_offset": 0, "read_offset": 0, "role_sent": False}
+
+
 def _delta(tokenizer: Any, state: dict[str, Any], new_ids: list[int], options: dict[str, bool]) -> str:
-    """The text ``new_ids`` add after the ids in ``state`` (updated in place), held back while it
-    ends in an incomplete character."""
+    """The text ``new_ids`` add after the ids in ``state`` (updated in place), one token at a
+    time as the engine's detokenizer takes them: a token that leaves an incomplete character
+    (U+FFFD at the end) adds nothing until a later one completes it, and one never completed is
+    never written."""
     ids = state["ids"]
-    ids.extend(new_ids)
-    prefix, read = state["prefix_offset"], state["read_offset"]
-    before = _decode(tokenizer, ids[prefix:read], options)
-    after = _decode(tokenizer, ids[prefix:], options)
-    if len(after) > len(before) and not after.endswith("\ufffd"):
-        state["prefix_offset"], state["read_offset"] = read, len(ids)
-        return after[len(before) :]
-    return ""
+    out = []
+    for token in new_ids:
+        ids.append(token)
+        prefix, read = state["prefix_offset"], state["read_offset"]
+        before = _decode(tokenizer, ids[prefix:read], options)
+        after = _decode(tokenizer, ids[prefix:], options)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            state["prefix_offset"], state["read_offset"] = read, len(ids)
+            out.append(after[len(before) :])
+    return "".join(out)
+
+
+def _text(tokenizer: Any, ids: list[int], options: dict[str, bool]) -> str:
+    """The whole text of ``ids``, as the engine's detokenizer writes it token by token."""
+    return _delta(tokenizer, _new_state(), ids, options)
 
 
 def _stream(tokenizer: Any, body: dict[str, Any], model: str, *, chat_kind: bool) -> dict[str, Any]:
     request = body.get("chat_request" if chat_kind else "completion_request") or {}
     check(request)
     options = _decode_options(request)
-    state = body.get("stream_state") or {"ids": [], "prefix_offset": 0, "read_offset": 0, "role_sent": False}
+    state = body.get("stream_state") or _new_state()
     event = body["generate_chunk"]
     choices = []
     for choice in event.get("choices") or ():
