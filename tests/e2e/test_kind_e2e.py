@@ -336,6 +336,154 @@ def test_a_processor_that_cannot_be_deep_copied_reports_not_cloneable_and_serves
         _delete_mmps(kind, ["stuck"])
 
 
+#: A real HTTP engine for the kind tier: the vLLM engine image (~10 GB) does not fit this machine's
+#: disk beside the runtime image, so a pod of the runtime image answers vLLM's generate API as vLLM
+#: does (the real engine behind the front is the compatibility suite's, tests/compat). It answers
+#: the last 12 prompt ids back (their text is the chat template's tail: the derender's work shows),
+#: and logs what each request brought: its prompt's length and whether the tier's image came in it.
+FAKE_ENGINE = """
+import json, http.server
+
+class Engine(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids, prompt = body["token_ids"][-12:], len(body["token_ids"])
+        hashes = (body.get("features") or {}).get("mm_hashes") or {}
+        seen = {"prompt_tokens": prompt, "images": len(hashes.get("image", [])), "stream": body.get("stream")}
+        print(json.dumps(seen), flush=True)
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)}
+        rid = body["request_id"]
+        self.send_response(200)
+        if not body.get("stream"):
+            choice = {"index": 0, "token_ids": ids, "finish_reason": "length", "stop_reason": None, "logprobs": None}
+            data = json.dumps({"request_id": rid, "choices": [choice], "usage": usage}).encode()
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i, token in enumerate(ids):
+            finish = "length" if i == len(ids) - 1 else None
+            event = {"request_id": rid, "choices": [{"index": 0, "token_ids": [token], "finish_reason": finish}]}
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self.wfile.write(b"data: " + json.dumps({"request_id": rid, "choices": [], "usage": usage}).encode() + b"\\n\\n")
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+http.server.ThreadingHTTPServer(("", 8000), Engine).serve_forever()
+"""
+
+
+def _fake_engine(kind: KindCluster, name: str) -> None:
+    labels = {"app": name}
+    container = {
+        "name": "engine",
+        "image": RUNTIME_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", FAKE_ENGINE],
+        "ports": [{"containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
+        "securityContext": RESTRICTED,
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+    pod_spec = {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}, "containers": [container]}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": labels, "ports": [{"port": 8000}]},
+    }
+    for doc in (deployment, service):
+        kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(doc))
+
+
+def test_a_pool_with_an_engine_answers_openai_requests_through_its_service_from_the_engine(kind: KindCluster) -> None:
+    """The operator wires spec.engine into the pool's pods (--engine, the Service's URL), says the
+    engine answers (EngineReachable), and a client pod's OpenAI chat, whole and streamed, goes
+    through the pool's Service, is rendered there, generated at the engine and derendered."""
+    _fake_engine(kind, "fake-engine")
+    doc = _mmp("front", api="vllm-render", image=RUNTIME_IMAGE, engine={"service": {"name": "fake-engine", "port": 8000}})
+    doc["spec"]["affinity"] = load_example("cpu-pool")["spec"]["affinity"]
+    kind.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(doc))
+    try:
+        obj = kind.kube.wait_mmp(
+            NAMESPACE,
+            "front",
+            lambda o: condition_is(o, "Ready", "True") and condition_is(o, "EngineReachable", "True"),
+            900,
+            what="Ready and EngineReachable",
+        )
+        [deployment] = [
+            d for d in kind.kube.deployments(NAMESPACE) if (d.metadata.labels or {}).get("mmprep.dev/resource") == "front"
+        ]
+        command = deployment.spec.template.spec.containers[0].command
+        assert command[command.index("--engine") + 1] == f"http://fake-engine.{NAMESPACE}.svc:8000", command
+        out = _run_client_pod(
+            kind,
+            f"""
+            import base64, io, json, urllib.request
+            from PIL import Image
+            buf = io.BytesIO(); Image.new("RGB", (64, 48), (20, 120, 200)).save(buf, "JPEG")
+            image = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+            content = [{{"type": "image_url", "image_url": {{"url": image}}}}]
+            content.append({{"type": "text", "text": "What is in this image?"}})
+            chat = {{"model": "/models/qwen2-vl", "messages": [{{"role": "user", "content": content}}], "max_tokens": 12}}
+            url = "http://{obj["metadata"]["name"]}:8000/v1/chat/completions"
+            def post(body):
+                req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={{"Content-Type": "application/json"}})
+                with urllib.request.urlopen(req, timeout=120) as resp:
+                    return resp.status, resp.read().decode()
+            status, whole = post(chat)
+            status2, streamed = post({{**chat, "stream": True, "stream_options": {{"include_usage": True}}}})
+            print(json.dumps({{"status": [status, status2], "whole": json.loads(whole), "streamed": streamed}}))
+            """,
+            node=GPU_NODE,
+        )
+        answer = json.loads(out.strip().splitlines()[-1])
+        assert answer["status"] == [200, 200], answer
+        whole = answer["whole"]
+        message = whole["choices"][0]["message"]
+        assert whole["object"] == "chat.completion" and whole["id"].startswith("chatcmpl-"), whole
+        # The engine answered the prompt's last 12 ids: decoded, special tokens left out, they are
+        # the chat template's tail after the question ("?<|im_end|>\n<|im_start|>assistant\n").
+        assert message["content"].endswith("?\nassistant\n") and whole["choices"][0]["finish_reason"] == "length", whole
+        assert whole["usage"]["completion_tokens"] == 12, whole["usage"]
+        events = [line[6:] for line in answer["streamed"].split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        chunks = [json.loads(e) for e in events[:-1]]
+        text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
+        assert text == message["content"] and chunks[-1]["usage"]["completion_tokens"] == 12, chunks[-2:]
+        # The engine saw what the tier rendered, the prompt with the image's placeholder tokens and
+        # its hash, for both requests (its JSON lines: http.server logs each request beside them).
+        [engine_pod] = kind.kube.pods(NAMESPACE, "app=fake-engine")
+        log = kind.kube.core.read_namespaced_pod_log(engine_pod.metadata.name, NAMESPACE)
+        seen = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        assert [(s["images"], s["stream"]) for s in seen] == [(1, False), (1, True)], seen
+        assert seen[0]["prompt_tokens"] == whole["usage"]["prompt_tokens"] > 12, (seen, whole["usage"])
+    finally:
+        _delete_mmps(kind, ["front"])
+        kind.kubectl(
+            "delete", "-n", NAMESPACE, "deployment/fake-engine", "service/fake-engine", "--ignore-not-found", timeout=120
+        )
+
+
 def test_relabelling_a_node_moves_its_pool_and_kubectl_scale_works(kind: KindCluster) -> None:
     label = "mmprep.dev/e2e-mover"
     kube = kind.kube
