@@ -209,6 +209,9 @@ def test_the_native_front_answers_as_the_engines_own_api_without_vllm(
     model = str(engine.get("/v1/models")[1]["data"][0]["id"])
     chat = {**_chat(seed=31), "model": model}
     assert _seen(native_front.post("/v1/chat/completions", chat)) == _seen(engine.post("/v1/chat/completions", chat))
+    # 16 tokens: SamplingParams' default, which the render leaves out of its answer; still 16.
+    sixteen = {**chat, "max_tokens": 16, "ignore_eos": True}
+    assert _seen(native_front.post("/v1/chat/completions", sixteen))[1]["completion_tokens"] == 16
     # Sampled: a seed makes the engine draw the same tokens for both requests.
     sampled = {**chat, "temperature": 1.0, "seed": 3, "max_tokens": 12}
     assert _seen(native_front.post("/v1/chat/completions", sampled)) == _seen(engine.post("/v1/chat/completions", sampled))

@@ -36,6 +36,8 @@ from mmprep_runtime.generation.engines import EngineFailed, EnginePool, Generati
 #: Content parts that carry media (chat parts); the derender is given the text parts only.
 _MEDIA_PARTS: Final = frozenset({"image_url", "video_url", "audio_url", "input_audio", "image_embeds", "image_pil"})
 _JSON: Final = {"Content-Type": "application/json"}
+#: ``SamplingParams.max_tokens``' default, which a render leaves out of its answer.
+SAMPLING_DEFAULT_MAX_TOKENS: Final = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,13 @@ class Chain:
         requests = answer if isinstance(answer, list) else [answer]
         if not requests or not all(isinstance(r, dict) for r in requests):
             raise errors.InternalError("the render answered no generate request")
+        for request in requests:
+            sampling = request.get("sampling_params")
+            if isinstance(sampling, dict) and "max_tokens" not in sampling:
+                # The render leaves out a max_tokens equal to SamplingParams' default (16: its
+                # serializer omits defaults), and the engine reads an absent one as "up to the
+                # context length": a request for 16 tokens would get thousands. Said, it holds.
+                sampling["max_tokens"] = SAMPLING_DEFAULT_MAX_TOKENS
         return Rendered(kind, original, requests, request_id)
 
     def _derender_body(self, rendered: Rendered, **fields: Any) -> bytes:
