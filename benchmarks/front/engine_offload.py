@@ -205,7 +205,12 @@ def main() -> int:
         tier.stop()
         engine.stop()
     summary = summarize(rows)
-    result = {"args": {k: v for k, v in vars(args).items() if k != "out"}, "cpus": psutil.cpu_count(), "rows": rows, "summary": summary}
+    result = {
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "cpus": psutil.cpu_count(),
+        "rows": rows,
+        "summary": summary,
+    }
     pathlib.Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
     pathlib.Path(args.out + ".md").write_text(markdown(result))
     print(markdown(result))
