@@ -27,6 +27,7 @@ import json
 import pathlib
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -140,7 +141,60 @@ def _forced(model: pathlib.Path, text: str, **fields: Any) -> dict[str, Any]:
     return {"model": str(model), "messages": messages, "max_tokens": 256, "temperature": 0, **forced, **fields}
 
 
+#: An OpenAI SDK client (the ``openai`` package vLLM depends on, so in the engine's virtualenv):
+#: one request, whole or streamed, written out as the client's typed objects read it.
+_SDK_CLIENT: Final = """
+import json, sys
+from openai import OpenAI
+
+base_url, kind, body = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+create = client.chat.completions.create if kind == "chat" else client.completions.create
+if not body.get("stream"):
+    print(json.dumps(create(**body).model_dump(exclude_none=True)))
+    raise SystemExit
+choices, usage = {}, None
+for chunk in create(**body):
+    usage = chunk.usage.model_dump(exclude_none=True) if chunk.usage else usage
+    for choice in chunk.choices:
+        read = choices.setdefault(str(choice.index), {"text": "", "finish_reason": None})
+        read["text"] += (choice.delta.content or "") if kind == "chat" else choice.text
+        read["finish_reason"] = choice.finish_reason or read["finish_reason"]
+print(json.dumps({"choices": choices, "usage": usage}))
+"""
+
+
+def _through_the_sdk(python: pathlib.Path, server: Server, kind: str, body: dict[str, Any]) -> Any:
+    done = subprocess.run(
+        [str(python), "-c", _SDK_CLIENT, server.url + "/v1", kind, json.dumps(body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
 # ---------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_openai_sdk_client_gets_the_engines_answers_through_the_tier(servers, model, cpu_engine_venv, stream):
+    engine, tier, _ = servers
+    python = cpu_engine_venv / "bin" / "python"
+    requests = [
+        ("chat", _image_chat(model, image_seed=26, stream=stream)),
+        ("completion", {"model": str(model), "prompt": "The weather:", "max_tokens": 6, "temperature": 0, "stream": stream}),
+    ]
+    if stream:
+        requests = [(kind, {**body, "stream_options": {"include_usage": True}}) for kind, body in requests]
+    for kind, body in requests:
+        own, ours = (_through_the_sdk(python, server, kind, body) for server in (engine, tier))
+        assert _comparable(ours) == _comparable(own), kind
+        assert ours["usage"]["completion_tokens"] == body["max_tokens"], ours
+        if not stream:
+            assert ours["object"] == ("chat.completion" if kind == "chat" else "text_completion")
 
 
 def test_an_image_chat_is_answered_as_the_engine_answers_it_and_hits_the_cache_the_engines_own_filled(servers, model):
