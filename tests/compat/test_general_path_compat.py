@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import pytest
+from support import openai_answers
 from support.kube import REPO
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, vllm_render_command, vllm_render_env
@@ -252,10 +253,11 @@ def _stream_to_both(mmprep: Server, vllm: Server, calls: int, body: Callable[[in
     return answers
 
 
-def _token_route_exchanges(mmprep: Server, vllm: Server) -> dict[str, list[Any]]:
+def _token_route_exchanges(mmprep: Server, vllm: Server, *, image: bool) -> dict[str, list[Any]]:
     """Per case, each call's (ours, theirs): ``/tokenize``, ``/detokenize``, the derenders whole
     and streamed, and bad bodies. The token ids come from vLLM's own ``/tokenize``; a stream's
-    state is each server's own, carried between its calls as a client does."""
+    state is each server's own, carried between its calls as a client does. A family that takes
+    images tokenizes a chat with one too (its placeholders counted)."""
     both: dict[str, list[Any]] = {}
 
     def call(name: str, path: str, body: Any, *, to_mmprep: Any = None) -> tuple[Any, Any]:
@@ -266,6 +268,10 @@ def _token_route_exchanges(mmprep: Server, vllm: Server) -> dict[str, list[Any]]
     chat = {"messages": [SYSTEM, {"role": "user", "content": "The quick brown fox jumps."}]}
     call("tokenize a prompt", "/tokenize", {"prompt": "The quick brown fox", "return_token_strs": True})
     call("tokenize a chat", "/tokenize", {**chat, "add_generation_prompt": True})
+    if image:
+        photo = {"type": "image_url", "image_url": {"url": data_uri(media.jpeg(320, 240, seed=4), "image/jpeg")}}
+        pictured = {"messages": [{"role": "user", "content": [photo, {"type": "text", "text": "What is it?"}]}]}
+        call("tokenize a chat", "/tokenize", {**pictured, "return_token_strs": True})
     _, (_, prompt) = call("tokenize a chat", "/tokenize", {**chat, "add_generation_prompt": True, "return_token_strs": True})
     _, (_, output) = call("tokenize the answer", "/tokenize", {"prompt": ANSWER_TEXT, "add_special_tokens": False})
     tokens, prompt_ids = output["tokens"], prompt["tokens"]
@@ -395,7 +401,7 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
     work = tmp_path_factory.mktemp("general-compat")
     manifest: dict[str, list[str]] = {}
     found: dict[str, Any] = {"statuses": {}, "info": {}, "errors": {}, "work": work}
-    found.update({"corrupt audio": {}, "after corrupt audio": {}, "token routes": {}})
+    found.update({"corrupt audio": {}, "after corrupt audio": {}, "token routes": {}, "native token jobs": {}})
     for kind in FAMILIES:
         folder = models.make_model(kind, work / kind)
         vllm, mmprep = (
@@ -417,7 +423,12 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
                 (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
                 if ours_status == theirs_status == 200:
                     manifest[f"{kind}: {name}"] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
-            found["token routes"][kind] = _token_route_exchanges(mmprep, vllm)
+            image = bool(families.FAMILIES[kind].chat.image)
+            found["token routes"][kind] = _token_route_exchanges(mmprep, vllm, image=image)
+            jobs = openai_answers.metric(mmprep, "mmprep_processing_seconds_count")
+            mmprep.post("/tokenize", {"messages": [{"role": "user", "content": "Count me."}]})
+            mmprep.post("/detokenize", {"tokens": [1, 2, 3]})
+            found["native token jobs"][kind] = openai_answers.metric(mmprep, "mmprep_processing_seconds_count") - jobs
             if kind in PARSERS:
                 found["token routes"][kind].update(
                     _parsed_exchanges(mmprep, vllm, reasoning="--reasoning-parser" in PARSERS[kind])
@@ -486,6 +497,12 @@ def _assert_each_call_answered_alike(calls: list[Any]) -> None:
 def test_tokenize_detokenize_and_derender_answer_what_vllm_answers(compared: dict[str, Any], kind: str, case: str) -> None:
     calls = compared["token routes"][kind][case]
     _assert_each_call_answered_alike(calls)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_a_native_family_tokenizes_on_its_own_pool_and_a_general_one_at_vllm(compared: dict[str, Any], kind: str) -> None:
+    # The answers above are vLLM's either way; this says which code gave them.
+    assert compared["native token jobs"][kind] == (2 if kind in NATIVE_FAMILIES else 0)
 
 
 def test_a_derendered_stream_joins_to_the_whole_answer(compared: dict[str, Any]) -> None:

@@ -51,7 +51,10 @@ def _when_ready(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRes
         reason = not_serving_reason(state)
         if reason is not None or state.serving is None:
             return route.error_response(errors.NotReady(f"not ready: {reason}"))
-        return (await route.handler(request, state.serving)).response
+        try:
+            return (await route.handler(request, state.serving)).response
+        except errors.RequestError as error:
+            return route.error_response(error)
 
     return handle
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -267,14 +268,17 @@ async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_
         ("/v1/completions/derender", {"generate_responses": []}),
         ("/v1/messages/render", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
         ("/v1/responses/render", {"input": "hi"}),
-        ("/tokenize", {"prompt": "hi"}),
-        ("/detokenize", {"tokens": [1, 2]}),
+        ("/tokenizer_info", None),
     ],
 )
 async def test_without_vllm_the_routes_beyond_render_say_which_image_serves_them(start_render, qwen_dir, path, body):
     # This environment has no vLLM: the native path renders, and refuses what needs vLLM's code.
     running = await start_render(qwen_dir)
-    status, answer = await running.render(body, path)
+    if body is None:
+        async with running.client.get(running.url + path) as response:
+            status, answer = response.status, await response.json(content_type=None)
+    else:
+        status, answer = await running.render(body, path)
     assert status == 501, answer
     assert answer["error"]["type"] == "NotImplementedError" and answer["error"]["code"] == 501
     assert path in answer["error"]["message"] and "mmprep-runtime-vllm" in answer["error"]["message"]
@@ -298,7 +302,63 @@ async def test_an_api_key_guards_the_paths_vllm_guards(start_render, qwen_dir):
         assert response.status == 401
     async with running.client.get(running.url + "/v1/models", headers={"Authorization": "bearer s3cret"}) as response:
         assert response.status == 200
-    # vLLM leaves /tokenize and the probes open: here /tokenize is the native path's 501, not a 401.
-    assert (await post("/tokenize", {"prompt": "hi"}, None))[0] == 501
+    # vLLM leaves /tokenize and the probes open.
+    assert (await post("/tokenize", {"prompt": "hi"}, None))[0] == 200
     async with running.client.get(running.url + "/health") as response:
         assert response.status == 200
+
+
+async def test_without_vllm_tokenize_and_detokenize_answer_as_the_tokenizer_and_the_chat_render_do(
+    start_render, qwen_dir, images
+):
+    from transformers import AutoTokenizer
+
+    running = await start_render(qwen_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_dir))
+    prompt = "The quick brown fox <|im_end|> jumps."
+    status, answer = await running.render({"prompt": prompt, "return_token_strs": True}, "/tokenize")
+    ids = tokenizer(prompt)["input_ids"]
+    assert status == 200, answer
+    assert answer == {
+        "count": len(ids),
+        "max_model_len": answer["max_model_len"],
+        "tokens": ids,
+        "token_strs": tokenizer.convert_ids_to_tokens(ids),
+    }
+    config = json.loads((qwen_dir / "config.json").read_text())
+    assert answer["max_model_len"] == (config.get("text_config") or config)["max_position_embeddings"]
+    status, answer = await running.render({"prompt": prompt, "add_special_tokens": False}, "/tokenize")
+    assert answer["tokens"] == tokenizer(prompt, add_special_tokens=False)["input_ids"] and answer["token_strs"] is None
+    # The chat form counts what the chat render sends: the template, and each image's placeholders.
+    for chat in (_chat(TEXT), _chat(_image(f"{images}/photo.jpg"), TEXT, add_generation_prompt=False)):
+        status, rendered = await running.render(chat)
+        assert status == 200, rendered
+        status, answer = await running.render({**chat, "max_tokens": "ignored, as vLLM's tokenize ignores it"}, "/tokenize")
+        assert status == 200, answer
+        assert answer["tokens"] == rendered["token_ids"] and answer["count"] == len(rendered["token_ids"])
+    status, answer = await running.render({"tokens": ids}, "/detokenize")
+    assert (status, answer) == (200, {"prompt": tokenizer.decode(ids)}) and answer["prompt"] == prompt
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected", "words"),
+    [
+        ("/tokenize", {"prompt": 5}, 400, "'prompt' must be a string"),
+        ("/tokenize", {"prompt": "hi", "model": "other"}, 404, "does not exist"),
+        ("/tokenize", {"prompt": "hi", "add_special_tokens": "yes"}, 400, "mmprep-runtime-vllm"),
+        ("/tokenize", _chat(TEXT, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+        ("/tokenize", _chat(TEXT, add_special_tokens=True), 400, "add_special_tokens"),
+        ("/tokenize", _chat({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}), 400, "data:, http: or https:"),
+        ("/detokenize", {"tokens": "1 2"}, 400, "'tokens' must be a list"),
+        ("/detokenize", {"tokens": [1, -1]}, 400, "tokens[1] must be from 0"),
+        ("/detokenize", {"tokens": ["1"]}, 400, "mmprep-runtime-vllm"),
+        ("/detokenize", {"tokens": [10**9]}, 400, "not in the vocabulary"),
+    ],
+)
+async def test_a_bad_tokenize_or_detokenize_is_a_4xx_saying_why_and_the_pool_keeps_serving(
+    start_render, qwen_dir, path, body, expected, words
+):
+    running = await start_render(qwen_dir)
+    status, answer = await running.render(body, path)
+    assert status == expected and words in answer["error"]["message"], answer
+    assert (await running.render({"tokens": [1, 2]}, "/detokenize"))[0] == 200

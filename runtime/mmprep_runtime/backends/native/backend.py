@@ -4,10 +4,11 @@
 
 A request it does not render exactly (a video, a tool list, a chat-template argument) raises
 ``errors.BeyondFastPath``: a 4xx on its own, or the general backend's turn behind ``fallback``.
-The other routes of vLLM's render server (derender, tokenize, the Anthropic and Responses
-renders) need vLLM's own code (its detokenizer, its parsers, its request conversions): they raise
-``errors.NeedsVllm``, the general backend's turn where vLLM is installed, a 501 naming the image
-that serves them where it is not.
+``/tokenize`` and ``/detokenize`` are answered here too (``tokens``), on the same pool. The other
+routes of vLLM's render server (derender, tokenizer_info, the Anthropic and Responses renders)
+need vLLM's own code (its detokenizer's stream state, its parsers, its request conversions): they
+raise ``errors.NeedsVllm``, the general backend's turn where vLLM is installed, a 501 naming the
+image that serves them where it is not.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from aiohttp import web
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends.model_facts import ModelFacts
-from mmprep_runtime.backends.native import derender, stages
+from mmprep_runtime.backends.native import derender, stages, tokens
 from mmprep_runtime.backends.protocol import Operation, Reply
-from mmprep_runtime.engine import core, patches
+from mmprep_runtime.engine import core, patches, pipeline
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
 from mmprep_runtime.settings import Limits
@@ -71,6 +72,13 @@ class NativeBackend:
     def no_workers_reason(self) -> str | None:
         return self.engine.pool.no_workers_reason
 
+    def _api(self, operation: Operation, request_id: str | None) -> pipeline.Api[Any, Any]:
+        if operation is Operation.TOKENIZE:
+            return tokens.TokenizeApi(self._render_api(Operation.CHAT_RENDER, request_id))
+        if operation is Operation.DETOKENIZE:
+            return tokens.DetokenizeApi(self._render_api(Operation.CHAT_RENDER, request_id))
+        return self._render_api(operation, request_id)
+
     def _render_api(self, operation: Operation, request_id: str | None) -> stages.RenderApi:
         if operation not in (Operation.CHAT_RENDER, Operation.COMPLETION_RENDER):
             raise errors.NeedsVllm(
@@ -82,7 +90,7 @@ class NativeBackend:
         return stages.RenderApi(self.engine.facts, self.model, self.limits, self.fetcher, chat, request_id=request_id)
 
     async def answer(self, request: web.Request, body: bytes, operation: Operation) -> Answer:
-        api = self._render_api(operation, request.headers.get("X-Request-Id"))
+        api = self._api(operation, request.headers.get("X-Request-Id"))
         served = await self.engine.serve(api, body)
         return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
 

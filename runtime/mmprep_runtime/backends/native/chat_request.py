@@ -122,10 +122,14 @@ class RenderRequest:
 
 def _object(body: bytes) -> dict[str, Any]:
     payload = pipeline.json_object(body)
+    _check_supported(payload)
+    return payload
+
+
+def _check_supported(payload: Mapping[str, Any]) -> None:
     unsupported = sorted(key for key in payload if key in _UNSUPPORTED_FIELDS and payload[key] not in (None, False))
     if unsupported:
         raise errors.BeyondFastPath(f"field(s) {', '.join(unsupported)} are not supported by this render server")
-    return payload
 
 
 def _typed(payload: Mapping[str, Any], name: str, types: tuple[type, ...], what: str | None = None) -> Any:
@@ -233,7 +237,12 @@ def _common(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int = 16) -> RenderRequest:
-    payload = _object(body)
+    return chat_from_payload(pipeline.json_object(body), reserved=reserved, max_images=max_images)
+
+
+def chat_from_payload(payload: Mapping[str, Any], *, reserved: tuple[str, ...] = (), max_images: int = 16) -> RenderRequest:
+    """``parse_chat`` of a body already parsed (a route that takes a chat among other forms)."""
+    _check_supported(payload)
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise errors.BadRequest("'messages' must be a non-empty list of messages")

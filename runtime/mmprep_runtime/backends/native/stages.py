@@ -226,14 +226,21 @@ class RenderApi:
     request_id: str | None = None
     large_answer: bool = True
 
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        """The texts a prompt may not contain: the image placeholder (images come from parts)."""
+        return (self.facts.image_token,) if self.facts.image_token else ()
+
     def decode(self, body: bytes) -> chat_request.RenderRequest:
-        reserved = (self.facts.image_token,) if self.facts.image_token else ()
         if self.chat:
-            request = chat_request.parse_chat(body, reserved=reserved, max_images=self.limits.max_images)
+            request = chat_request.parse_chat(body, reserved=self.reserved, max_images=self.limits.max_images)
         else:
-            request = chat_request.parse_completion(body, reserved=reserved)
-        if request.model is not None and request.model != self.model.served_name:
-            raise ModelNotFound(f"The model `{request.model}` does not exist.")
+            request = chat_request.parse_completion(body, reserved=self.reserved)
+        return self.checked(request)
+
+    def checked(self, request: chat_request.RenderRequest) -> chat_request.RenderRequest:
+        """``request`` if this model renders it: the model served, images only where it takes them."""
+        check_model(self.model, request.model)
         if request.images and not self.facts.takes_images:
             raise errors.BadRequest(f"this model ({self.facts.processor_class}) takes no images")
         if request.images and self.facts.processor_class not in IMAGE_PROCESSORS:
@@ -259,6 +266,12 @@ class RenderApi:
         request_id = prefix + (self.request_id or rendered.request.request_id or uuid.uuid4().hex)
         body, blobs = generate_request(rendered, self.model, request_id)
         return encode_answer(body if self.chat else [body], blobs)
+
+
+def check_model(model: ModelFacts, asked: str | None) -> None:
+    """vLLM's check of a request's ``model``: absent, or the name this server serves."""
+    if asked is not None and asked != model.served_name:
+        raise ModelNotFound(f"The model `{asked}` does not exist.")
 
 
 class ModelNotFound(errors.RequestError):
