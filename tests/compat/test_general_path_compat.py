@@ -401,7 +401,7 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
     work = tmp_path_factory.mktemp("general-compat")
     manifest: dict[str, list[str]] = {}
     found: dict[str, Any] = {"statuses": {}, "info": {}, "errors": {}, "work": work}
-    found.update({"corrupt audio": {}, "after corrupt audio": {}, "token routes": {}, "native token jobs": {}})
+    found.update({"corrupt audio": {}, "after corrupt audio": {}, "token routes": {}, "native token jobs": {}, "probes": {}})
     for kind in FAMILIES:
         folder = models.make_model(kind, work / kind)
         vllm, mmprep = (
@@ -412,6 +412,7 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
             vllm.wait()
             mmprep.wait()
             found["info"][kind] = mmprep.get("/v1/info")[1]
+            found["probes"][kind] = {path: (mmprep.get(path), vllm.get(path)) for path in PROBES}
             for name, (path, body) in cases(kind, media_server).items():
                 if path == MESSAGES:
                     body = {**body, "model": str(folder)}  # Anthropic's model is required: the one served
@@ -554,6 +555,36 @@ def test_a_bad_token_route_body_gets_vllms_status_and_error_shape(compared: dict
 def test_a_wrong_answer_is_caught(compared: dict[str, Any]) -> None:
     result = compared["results"]["control: one token changed"]
     assert not result["ok"] and any("token_ids" in p for p in result["problems"]), result
+
+
+#: The probes and the model list of vLLM's render server.
+PROBES: Final = ("/health", "/version", "/v1/models")
+
+
+def _card(models: Any) -> Any:
+    """A model list without what is made when a server starts (its times, the permission's id)."""
+    return [
+        {
+            **{k: v for k, v in card.items() if k not in ("created", "permission")},
+            "permission": [{k: v for k, v in p.items() if k not in ("created", "id")} for p in card["permission"]],
+        }
+        for card in models["data"]
+    ]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_the_probes_and_the_model_list_answer_as_vllms_render_server_does(compared: dict[str, Any], kind: str) -> None:
+    probes = compared["probes"][kind]
+    for path, ((ours_status, _), (theirs_status, _)) in probes.items():
+        assert ours_status == theirs_status == 200, (path, probes[path])
+    (_, health), (_, their_health) = probes["/health"]
+    assert health is None and their_health is None, "an empty body, as vLLM's"
+    (_, version), (_, their_version) = probes["/version"]
+    # mmprep adds its own version beside vLLM's; vLLM's field is the same.
+    assert version["version"] == their_version["version"] and set(version) - set(their_version) == {"mmprep_version"}
+    (_, models), (_, their_models) = probes["/v1/models"]
+    assert models["object"] == their_models["object"] == "list"
+    assert _card(models) == _card(their_models)
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
