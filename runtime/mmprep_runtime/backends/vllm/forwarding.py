@@ -35,6 +35,7 @@ import asyncio
 import base64
 import binascii
 import socket
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -43,7 +44,7 @@ import orjson
 from aiohttp import web
 
 from mmprep_runtime import errors
-from mmprep_runtime.backends.protocol import Reply
+from mmprep_runtime.backends.protocol import Operation, Reply
 from mmprep_runtime.backends.vllm import handoff, worker_pool
 from mmprep_runtime.engine import decoding
 from mmprep_runtime.httpio import fetching
@@ -175,6 +176,16 @@ async def prepare(body: bytes, fetcher: fetching.Fetcher, *, local_files: bool =
     return (orjson.dumps(parsed) if changed else body), parsed
 
 
+def stream_affinity(path: str, parsed: Any) -> int | None:
+    """A streamed chat derender's number, from its generate request's id: each call of one stream
+    gets the same, so they go to one render process while it can take them (``lease``)."""
+    if path != Operation.CHAT_DERENDER.value or not isinstance(parsed, dict) or parsed.get("stream") is not True:
+        return None
+    chunk = parsed.get("generate_chunk")
+    request_id = chunk.get("request_id") if isinstance(chunk, dict) else None
+    return zlib.crc32(request_id.encode()) if isinstance(request_id, str) else None
+
+
 def check_server_error(status: int, parsed: Any) -> None:
     """Before a server error from vLLM is passed on: a 400 instead when a clip is the cause."""
     if status >= 500:
@@ -267,6 +278,8 @@ class GeneralRenderer:
             parsed = None
         client = _client_socket(request)
 
+        affinity = stream_affinity(request.path, parsed)
+
         async def send(endpoint: worker_pool.Endpoint) -> web.StreamResponse:
             if client is not None:
                 return await self._hand_over(endpoint.handoff, request, client, body, headers, parsed)
@@ -275,7 +288,7 @@ class GeneralRenderer:
             status, payload, content_type, charset = answer
             return web.Response(status=status, body=payload, content_type=content_type, charset=charset)
 
-        return await self._on_a_process(send)
+        return await self._on_a_process(send, affinity)
 
     async def call(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> Reply:
         """A render process's answer to a request this server makes itself, held whole."""
@@ -288,9 +301,9 @@ class GeneralRenderer:
             status, payload, _, _ = await self._request(endpoint.http, method, f"http://localhost{path}", body, headers, parsed)
             return Reply(status, payload)
 
-        return await self._on_a_process(send)
+        return await self._on_a_process(send, stream_affinity(path, parsed))
 
-    async def _on_a_process(self, send: Callable[[worker_pool.Endpoint], Awaitable[_T]]) -> _T:
+    async def _on_a_process(self, send: Callable[[worker_pool.Endpoint], Awaitable[_T]], affinity: int | None = None) -> _T:
         """``send`` on the process with the fewest requests in flight, and on another when that
         one cannot take it.
 
@@ -302,7 +315,7 @@ class GeneralRenderer:
         for _ in range(self.pool.processes + 1):
             # Only taking the lease raises GeneralPathUnavailable (no process is ready).
             try:
-                with self.pool.lease() as endpoint:
+                with self.pool.lease(affinity if lost is None else None) as endpoint:
                     try:
                         return await send(endpoint)
                     except (aiohttp.ClientConnectorError, _Refused):

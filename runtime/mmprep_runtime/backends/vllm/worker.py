@@ -12,7 +12,9 @@ With ``--handoff``, the same app also takes requests handed over with their clie
 (``handoff``): it is called in this process as uvicorn would call it, and its answer's body is
 written straight into the client's socket. The HTTP socket stays for health checks and the
 calibration's load. Either way the answer is written as vLLM writes it, with its megabytes of
-base64 spliced in rather than passed through a JSON encoder (``answer_splice``).
+base64 spliced in rather than passed through a JSON encoder (``answer_splice``). A streamed derender
+with a parser continues the parser this process kept from the stream's previous call, where vLLM
+replays every output id (``parsed_streams``).
 
 Why processes and not threads: vLLM runs a model's multimodal processing on one thread fixed in
 its code, and that processing holds the GIL for most of its time (``worker_pool`` measures the
@@ -34,7 +36,7 @@ import socket
 import sys
 from typing import Any
 
-from mmprep_runtime.backends.vllm import answer_splice, audio_backends, handoff
+from mmprep_runtime.backends.vllm import answer_splice, audio_backends, handoff, parsed_streams
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ async def _build_app(args: argparse.Namespace) -> Any:
         structured_outputs_config=engine_args.create_structured_outputs_config(),
     )
     app = build_app(args, ("render",))
+    # Before the state is built: its derenderer binds the method it wraps when it is made.
+    parsed_streams.install()  # the same parsed stream answers, without replaying every output id
     await init_render_app_state(vllm_config, app.state, args)
     answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
     audio_backends.install()  # the same audio decoding, without a failed torchcodec load per clip

@@ -259,13 +259,22 @@ class VllmWorkerPool:
     # ---- leasing ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self) -> Iterator[Endpoint]:
-        """The sockets of the ready worker with the fewest requests in flight, held while in use."""
+    def lease(self, affinity: int | None = None) -> Iterator[Endpoint]:
+        """The sockets of the ready worker with the fewest requests in flight, held while in use.
+
+        With ``affinity`` (a stream's number), the worker it falls on among all of them when that
+        one is ready and has at most one request more than the least loaded: the calls of one
+        stream then meet the state its previous call left in that process (``parsed_streams``).
+        """
         with self._lock:
             ready = [w for w in self._workers if w.ready]
             if not ready:
                 raise GeneralPathUnavailable(self.no_workers_reason or "no render process is ready")
             worker = min(ready, key=lambda w: (w.in_flight, w.index))
+            if affinity is not None:
+                preferred = self._workers[affinity % len(self._workers)]
+                if preferred.ready and preferred.in_flight <= worker.in_flight + 1:
+                    worker = preferred
             worker.in_flight += 1
             if worker.in_flight == 1:
                 worker.busy_since = time.monotonic()
