@@ -4,7 +4,10 @@
 For each family ``make-model`` builds (``mmprep_runtime.synthetic.families``), both servers serve the
 same folder on the same cores (the whole machine, nothing pinned) and get the same chat body (one
 1280x960 JPEG as a ``data:`` URI and a question; for an audio family, one 10 s WAV clip inline):
-- vLLM: ``vllm launch render --mm-processor-cache-gb 0`` (one process, its cache off);
+- vLLM as its users scale it (the peer): ``vllm launch render --mm-processor-cache-gb 0`` replicas,
+  one per core (it is one process with one multimodal thread), each loaded by its own ``wrk``
+  with its share of the connections, all at once; and one such process alone, with all the
+  connections (a secondary figure);
 - mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
   the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
   every other family (the general path).
@@ -98,7 +101,12 @@ def gil_share(folder: pathlib.Path, venv: pathlib.Path, work: pathlib.Path, seco
     }
 
 
-#: The name of the third server an audio family is measured against.
+#: The peer: vLLM's render server scaled as its users scale it, one process per core, each loaded
+#: by its own client with its share of the connections.
+REPLICAS = "vLLM render replicas"
+#: The secondary peer: one vLLM render process, all the connections.
+ONE_PROCESS = "vLLM render, one process"
+#: The fourth server an audio family is measured against (one vLLM process).
 VLLM_NO_TORCHCODEC = "vLLM render, torchcodec hidden"
 #: An audio family's request: one clip of this many seconds (a spoken question is a few to tens).
 AUDIO_SECONDS = 10.0
@@ -130,14 +138,18 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
     body = request_body(kind)
     body_file.write_bytes(body)
     lua.write_text(_BENCH.WRK_SCRIPT)
+    replicas = os.cpu_count() or 1
+    replica_cmds = [vllm_render_command(venv, folder, free_port(), normalized=False) for _ in range(replicas)]
+    replica_logs = [work / f"{kind}-vllm-replica-{i + 1}.log" for i in range(replicas)]
     vllm_cmd = vllm_render_command(venv, folder, free_port(), normalized=False)
     mmprep_cmd = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
     mmprep_cmd += ["--host", "127.0.0.1", "--port", str(free_port()), "--log-level", "WARNING", "--render-path", "auto"]
     mmprep_cmd += ["--vllm-args", "--mm-processor-cache-gb 0"]
     mmprep_env = {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}
     servers = [
-        _BENCH.Server("vLLM render", vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"{kind}-vllm.log"),
+        _BENCH.Replicas(REPLICAS, replica_cmds, vllm_render_env(), "/health", body_file, lua, 4, replica_logs),
         _BENCH.Server("mmprep", mmprep_cmd, mmprep_env, "/health", body_file, lua, 4, work / f"{kind}-mmprep.log"),
+        _BENCH.Server(ONE_PROCESS, vllm_cmd, vllm_render_env(), "/health", body_file, lua, 4, work / f"{kind}-vllm.log"),
     ]
     if families.FAMILIES[kind].chat.audio:
         # The same vLLM without the per-clip torchcodec retry: what mmprep gains besides skipping it.
@@ -168,17 +180,20 @@ def bench_family(kind: str, venv: pathlib.Path, args: argparse.Namespace, work: 
     finally:
         for server in servers:
             server.stop()
-    a, b = mmprep.summary(), vllm.summary()
-    extra = [server.summary() for server in servers[2:]]
+    a, b, one = mmprep.summary(), vllm.summary(), servers[2].summary()
+    extra = [server.summary() for server in servers[3:]]
     return {
         "gil": gil_share(folder, venv, work, args.gil_seconds),
         "path": render["path"],
         "processes": (render.get("general") or {}).get("processes"),
         "equal": equal["ok"],
         "problems": equal["problems"],
-        "servers": [b, a, *extra],
+        "servers": [b, a, one, *extra],
         "throughput_ratio": round(a["req_per_s"] / b["req_per_s"], 3),
         "cpu_ratio": round(a["cpu_ms_per_request"] / b["cpu_ms_per_request"], 3),
+        "memory_ratio": round(a["rss_mb"] / b["rss_mb"], 3),
+        "throughput_ratio_one_process": round(a["req_per_s"] / one["req_per_s"], 3),
+        "cpu_ratio_one_process": round(a["cpu_ms_per_request"] / one["cpu_ms_per_request"], 3),
         **(
             {
                 "throughput_ratio_no_torchcodec": round(a["req_per_s"] / extra[0]["req_per_s"], 3),
@@ -196,16 +211,18 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['cpus']} CPUs, one 1280x960 JPEG per request (an audio family: one {AUDIO_SECONDS:g} s WAV clip), "
         f"{report['rounds']} interleaved rounds of "
-        f"{report['duration_s']:g} s per server, `wrk -t1 -c4`; vLLM {report['vllm']} render with its processor "
-        f"cache off, mmprep `--render-path auto` with it off too. "
+        f"{report['duration_s']:g} s per server, 4 connections per server (`wrk -t1 -c4`; the replicas: one "
+        f"`wrk -t1` per replica with its share of them); vLLM {report['vllm']} render with its processor "
+        f"cache off, one replica per CPU, and one process alone; mmprep `--render-path auto` with its cache off too. "
+        "Memory: the resident set of each side's processes, all replicas summed. "
         + (
             "Families re-measured with `--merge` come from a later run: load averages per family below."
             if any("load" in row for row in report["families"].values())
             else f"Load average at the start: {report['load_start']}."
         ),
         "",
-        "| family | mmprep path | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | answer MB | equal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| family | mmprep path | server | req/s | by round | p50 ms | p99 ms | CPU ms/req | memory MB | answer MB | equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, row in report["families"].items():
         path = row["path"]
@@ -213,17 +230,28 @@ def markdown(report: dict[str, Any]) -> str:
             path += f" ({row['processes']} processes)" if path == "general" else f" (+ {row['processes']} general fallback)"
         for s in row["servers"]:
             by_round = ", ".join(f"{x:.1f}" for x in s["req_per_s_by_round"])
+            name = s["server"] + (f" ({s['replicas']})" if "replicas" in s else "")
             lines.append(
-                f"| {kind} | {path} | {s['server']} | {s['req_per_s']} | {by_round} "
-                f"| {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['cpu_ms_per_request']} | {s['answer_bytes'] / 1e6:.2f} "
+                f"| {kind} | {path} | {name} | {s['req_per_s']} | {by_round} "
+                f"| {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['cpu_ms_per_request']} | {s['rss_mb']:.0f} "
+                f"| {s['answer_bytes'] / 1e6:.2f} "
                 f"| {'yes' if row['equal'] else row['problems'][:2]} |"
             )
     loads = {kind: row["load"][0] for kind, row in report["families"].items() if "load" in row}
     if loads:
         lines += ["", "Load average (1, 5, 15 min) as each family's measurement began:", ""]
         lines += [f"- {kind}: {load}" for kind, load in loads.items()]
-    lines += ["", "| family | mmprep / vLLM req/s | mmprep / vLLM CPU per request |", "|---|---|---|"]
-    lines += [f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x |" for k, r in report["families"].items()]
+    lines += [
+        "",
+        "| family | mmprep / vLLM replicas req/s | CPU per request | memory "
+        "| mmprep / one vLLM process req/s | CPU per request |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {k} | **{r['throughput_ratio']:.2f}x** | {r['cpu_ratio']:.2f}x | {r['memory_ratio']:.2f}x "
+        f"| {r['throughput_ratio_one_process']:.2f}x | {r['cpu_ratio_one_process']:.2f}x |"
+        for k, r in report["families"].items()
+    ]
     lines += [
         f"| {k}, against {VLLM_NO_TORCHCODEC} "
         f"| {r['throughput_ratio_no_torchcodec']:.2f}x | {r['cpu_ratio_no_torchcodec']:.2f}x |"

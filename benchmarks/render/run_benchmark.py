@@ -223,6 +223,89 @@ class Server:
         self.log.close()
 
 
+class Replicas:
+    """vLLM's render server as its users scale it: ``len(commands)`` processes, one per core, each
+    loaded by its own wrk with its share of the connections (the same total as a ``Server``), all
+    at once. Measured as one server: requests summed, CPU and memory summed over every process
+    tree, latency the worst replica's p50 and p99."""
+
+    def __init__(
+        self,
+        name: str,
+        commands: list[list[str]],
+        env: dict[str, str],
+        ready_path: str,
+        body_file: pathlib.Path,
+        lua: pathlib.Path,
+        connections: int,
+        logs: list[pathlib.Path],
+    ) -> None:
+        share = max(1, -(-connections // len(commands)))
+        self.replicas = [
+            Server(f"{name} {i + 1}", command, env, ready_path, body_file, lua, share, log)
+            for i, (command, log) in enumerate(zip(commands, logs, strict=True))
+        ]
+        self.name, self.connections = name, share * len(commands)
+        self.base = self.replicas[0].base
+        self.body_file = body_file
+        self.rounds: list[dict[str, Any]] = []
+        self.answer_bytes = 0
+
+    def wait(self, timeout: float = 600) -> None:
+        for replica in self.replicas:
+            replica.wait(timeout)
+
+    def _cpu(self) -> float:
+        return sum(process_tree_cpu(r.process.pid) for r in self.replicas)
+
+    def load(self, seconds: float, *, measure: bool) -> None:
+        cpu_before = self._cpu()
+        machine_before = machine_busy_seconds()
+        wrk_before = _RUNTIME.children_cpu_seconds()
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
+        running = [
+            subprocess.Popen(
+                _RUNTIME.wrk_command(r.lua, r.base + CHAT_PATH, connections=r.connections, seconds=seconds, timeout_s=60),
+                env=r.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in self.replicas
+        ]
+        outputs = [process.communicate()[0] for process in running]
+        elapsed = time.monotonic() - started
+        for replica in self.replicas:
+            replica.settle()
+        if not measure:
+            return
+        each = [parse_wrk(output) for output in outputs]
+        result: dict[str, Any] = {
+            "requests": sum(r["requests"] for r in each),
+            "req_per_s": round(sum(r["req_per_s"] for r in each), 2),
+            "p50_ms": max(r["p50_ms"] for r in each),
+            "p99_ms": max(r["p99_ms"] for r in each),
+            "non_2xx": sum(r["non_2xx"] for r in each),
+        }
+        result["cpu_seconds"] = self._cpu() - cpu_before
+        result["seconds"] = elapsed
+        result["wrk_cpu_seconds"] = _RUNTIME.children_cpu_seconds() - wrk_before
+        result["other_cpu_seconds"] = max(
+            0.0, machine_busy_seconds() - machine_before - result["cpu_seconds"] - result["wrk_cpu_seconds"]
+        )
+        result["load_average_before"] = load_before
+        result["rss_mb"] = round(sum(process_tree_rss(r.process.pid) for r in self.replicas) / 2**20, 1)
+        self.rounds.append(result)
+
+    def summary(self) -> dict[str, Any]:
+        return {**Server.summary(self), "replicas": len(self.replicas)}  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+
 def equal_answers(ours: bytes, theirs: bytes) -> dict[str, Any]:
     """The two answers render the same request: ids, placeholders, hashes and every tensor byte."""
     a, b = json.loads(ours), json.loads(theirs)
