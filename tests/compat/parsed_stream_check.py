@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import sys
 from typing import Any
 
 from mmprep_runtime.backends.vllm import parsed_streams, worker
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from support.tools import WEATHER_TOOL  # noqa: E402 - after the sys.path line
+
 TOOL_CALL_TEXT = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 REASONING_TEXT = "<think>The fox is quick, and the dog is lazy.</think>A cat is sitting on a red mat next to the window."
 

@@ -39,6 +39,7 @@ from support import openai_answers
 from support.kube import REPO
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, vllm_render_command, vllm_render_env
+from support.tools import WEATHER_TOOL
 
 from mmprep_runtime.synthetic import families, media, models
 
@@ -338,14 +339,6 @@ PARSERS: Final = {
 }
 
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 REASONING_TEXT = "<think>The fox is quick.</think>" + ANSWER_TEXT
 
@@ -405,14 +398,14 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
     for kind in FAMILIES:
         folder = models.make_model(kind, work / kind)
         vllm, mmprep = (
-            _vllm(vllm_venv, folder, work / f"{kind}.vllm.log", PARSERS.get(kind, [])),
-            _mmprep(vllm_venv, folder, work / f"{kind}.mmprep.log", PARSERS.get(kind, [])),
+            _vllm(vllm_venv, folder, work / f"{kind}.vllm.log", _options(kind)),
+            _mmprep(vllm_venv, folder, work / f"{kind}.mmprep.log", _options(kind)),
         )
         try:
             vllm.wait()
             mmprep.wait()
             found["info"][kind] = mmprep.get("/v1/info")[1]
-            found["probes"][kind] = {path: (mmprep.get(path), vllm.get(path)) for path in PROBES}
+            found["probes"][kind] = {path: (mmprep.get(path), vllm.get(path)) for path in (*PROBES, TOKENIZER_INFO)}
             for name, (path, body) in cases(kind, media_server).items():
                 if path == MESSAGES:
                     body = {**body, "model": str(folder)}  # Anthropic's model is required: the one served
@@ -559,6 +552,15 @@ def test_a_wrong_answer_is_caught(compared: dict[str, Any]) -> None:
 
 #: The probes and the model list of vLLM's render server.
 PROBES: Final = ("/health", "/version", "/v1/models")
+TOKENIZER_INFO: Final = "/tokenizer_info"
+#: Families whose servers both get ``--enable-tokenizer-info-endpoint`` (a native one and a general
+#: one); the others' answer it 404, as vLLM's server does without the flag.
+TOKENIZER_INFO_FAMILIES: Final = ("qwen2.5-vl", "gemma3")
+
+
+def _options(kind: str) -> list[str]:
+    """vLLM's options for both servers of ``kind``."""
+    return [*PARSERS.get(kind, []), *(["--enable-tokenizer-info-endpoint"] if kind in TOKENIZER_INFO_FAMILIES else [])]
 
 
 def _card(models: Any) -> Any:
@@ -575,7 +577,8 @@ def _card(models: Any) -> Any:
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_the_probes_and_the_model_list_answer_as_vllms_render_server_does(compared: dict[str, Any], kind: str) -> None:
     probes = compared["probes"][kind]
-    for path, ((ours_status, _), (theirs_status, _)) in probes.items():
+    for path in PROBES:
+        (ours_status, _), (theirs_status, _) = probes[path]
         assert ours_status == theirs_status == 200, (path, probes[path])
     (_, health), (_, their_health) = probes["/health"]
     assert health is None and their_health is None, "an empty body, as vLLM's"
@@ -585,6 +588,16 @@ def test_the_probes_and_the_model_list_answer_as_vllms_render_server_does(compar
     (_, models), (_, their_models) = probes["/v1/models"]
     assert models["object"] == their_models["object"] == "list"
     assert _card(models) == _card(their_models)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_tokenizer_info_answers_as_vllms_under_the_same_flag(compared: dict[str, Any], kind: str) -> None:
+    (ours_status, ours), (theirs_status, theirs) = compared["probes"][kind][TOKENIZER_INFO]
+    if kind not in TOKENIZER_INFO_FAMILIES:
+        assert ours_status == theirs_status == 404, (ours, theirs)
+        return
+    assert ours_status == theirs_status == 200, (ours, theirs)
+    assert ours == theirs and ours["tokenizer_class"], (ours, theirs)
 
 
 @pytest.mark.parametrize("kind", FAMILIES)

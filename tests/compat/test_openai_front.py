@@ -36,6 +36,7 @@ from support import openai_answers
 from support.kube import REPO, wait_for
 from support.render_servers import Server
 from support.servers import free_port, vllm_render_env
+from support.tools import WEATHER_TOOL
 
 from mmprep_runtime.synthetic import media, models
 
@@ -46,14 +47,6 @@ PARSERS: Final = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice", "
 #: so a long prompt passes the tier's render and is refused by the engine itself.
 ENGINE_CONTEXT: Final = 2048
 CPU_ENGINE_ARGS: Final = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", str(ENGINE_CONTEXT)]
-WEATHER_TOOL: Final = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 #: The reasoning parser reads everything before ``</think>`` as reasoning: the call comes after it.
 TOOL_CALL_TEXT: Final = '</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 REASONING_TEXT: Final = "<think>\nThe sky is clear.\n</think>\n\nParis is sunny."

@@ -57,7 +57,8 @@ class FakePool:
         return len(self.paths)
 
     @contextlib.contextmanager
-    def lease(self) -> Iterator[worker_pool.Endpoint]:
+    def lease(self, affinity: int | None = None) -> Iterator[worker_pool.Endpoint]:
+        del affinity  # the first live socket is every stream's process here
         alive = [p for p in self.paths if p not in self.lost_paths]
         if not alive:
             raise worker_pool.GeneralPathUnavailable("every process is lost")
