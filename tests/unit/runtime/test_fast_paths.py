@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import copy
+import functools
 import pathlib
 import re
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 from transformers import processing_utils
 
 from mmprep_runtime import cli, settings
-from mmprep_runtime.engine import loading, patches, stand_ins
+from mmprep_runtime.engine import decoding, loading, patches, stand_ins
 from mmprep_runtime.settings import ModelSettings
 from mmprep_runtime.sizing import Backend
-from mmprep_runtime.synthetic import models
+from mmprep_runtime.synthetic import media, models
 
 MARKER = processing_utils._CONTROL_TOKEN_START
 QWEN = models.QWEN_IMAGE_PLACEHOLDER
 LLAVA = models.LLAVA_IMAGE_TOKEN
-ALL_STAND_INS = {stand_ins.CHECK_SPECIAL_MM_TOKENS, stand_ins.CREATE_MM_TOKEN_TYPE_IDS, stand_ins.ENCODE_PLUS}
+ALL_STAND_INS = {
+    stand_ins.CHECK_SPECIAL_MM_TOKENS,
+    stand_ins.CREATE_MM_TOKEN_TYPE_IDS,
+    stand_ins.ENCODE_PLUS,
+    stand_ins.PATCHIFY,
+    stand_ins.PROCESS_IMAGE,
+}
 
 
 def _serve_args(*extra: str):
@@ -84,6 +92,8 @@ def test_a_deep_copy_carries_stand_ins_bound_to_the_copy(qwen_dir):
     assert clone.tokenizer is not processor.tokenizer
     assert getattr(clone.tokenizer, stand_ins.ENCODE_PLUS).__self__ is clone.tokenizer
     assert getattr(processor.tokenizer, stand_ins.ENCODE_PLUS).__self__ is processor.tokenizer
+    assert type(clone.image_processor) is type(processor.image_processor)
+    assert type(clone.image_processor).__name__ == type(_load(qwen_dir, fast=False)[0].image_processor).__name__
     repr(clone)  # the processor still serializes its config (repr builds the JSON)
 
 
@@ -140,6 +150,89 @@ def test_token_type_ids_agree_with_the_library_and_ignore_unset_ids(qwen_dir):
     assert set(marked.flatten().tolist()) == {0, 1, 2}
     assert torch.equal(processor.create_mm_token_type_ids(ids.to(torch.int32)), marked)
     assert processor.create_mm_token_type_ids(ids.tolist()) == library(processor, ids.tolist())
+
+
+#: (batch, channels, height, width, patch, merge, temporal): Qwen2-VL and Qwen2.5-VL's 14-pixel
+#: patches at a 1280x960 image's resized size, Qwen3-VL's 16-pixel ones, and odd shapes.
+PATCHIFY_SHAPES = [
+    (1, 3, 952, 1288, 14, 2, 2),
+    (1, 3, 960, 1280, 16, 2, 2),
+    (2, 3, 56, 84, 14, 2, 2),
+    (1, 3, 28, 28, 14, 2, 1),
+    (1, 1, 48, 96, 8, 3, 3),
+]
+
+
+@pytest.mark.parametrize("shape", PATCHIFY_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.float16])
+def test_patchify_makes_the_library_patches(qwen_dir, shape, dtype):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    processor, _ = _load(qwen_dir, fast=True)
+    image_processor = processor.image_processor
+    assert {stand_ins.PATCHIFY, stand_ins.PROCESS_IMAGE} <= set(stand_ins.applied(processor))
+    *dims, patch, merge, temporal = shape
+    generator = torch.Generator().manual_seed(sum(shape))
+    images = torch.randint(0, 256, dims, dtype=torch.uint8, generator=generator).to(dtype)
+    expected = Qwen2VLImageProcessor.patchify(image_processor, images, patch, merge, temporal)
+    for given in (images, images.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)):  # CHW and a channels-last view
+        patches, grid_h, grid_w = image_processor.patchify(given, patch, merge, temporal)
+        assert (grid_h, grid_w) == expected[1:]
+        assert patches.dtype == dtype and patches.is_contiguous() and torch.equal(patches, expected[0])
+
+
+def _decoded(width: int, height: int, seed: int, how: str) -> torch.Tensor:
+    """An RGB image as the native path hands it over: a channel-first view of decoded memory."""
+    if how == "jpeg":
+        return decoding.decode_image(
+            media.jpeg(width, height, seed=seed), "image", max_pixels=10**8, layout=decoding.ImageLayout.TENSOR
+        )
+    pixels = torch.from_numpy(np.array(_image(width, height, seed))).permute(2, 0, 1)
+    return pixels if how == "interleaved" else pixels.contiguous()
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["uint8 out", "normalized"])
+@pytest.mark.parametrize("how", ["jpeg", "interleaved", "channel-first"])
+def test_the_image_processor_makes_the_library_outputs_from_decoded_tensors(qwen_dir, how, normalize):
+    library = _load(qwen_dir, fast=False)[0].image_processor
+    fast = _load(qwen_dir, fast=True)[0].image_processor
+    # A 1280x960 photo, one scaled up to the minimum, one cut by the maximum, odd sizes.
+    images = [_decoded(w, h, seed, how) for seed, (w, h) in enumerate([(1280, 960), (40, 30), (2000, 1500), (333, 517)])]
+    kwargs = {} if normalize else {"do_normalize": False, "do_rescale": False}
+    for batch in ([images[0]], images):
+        _same_outputs(library(images=batch, return_tensors="pt", **kwargs), fast(images=batch, return_tensors="pt", **kwargs))
+
+
+def test_process_image_leaves_other_inputs_to_the_library(qwen_dir):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    fast = _load(qwen_dir, fast=True)[0].image_processor
+    library = functools.partial(Qwen2VLImageProcessor.process_image, fast)
+    interleaved = torch.randint(0, 256, (20, 30, 3), dtype=torch.uint8)
+    gray = torch.randint(0, 256, (1, 20, 30), dtype=torch.uint8)
+    for image, options in [
+        (interleaved, {}),  # the channels last: the library permutes it
+        (gray, {"do_convert_rgb": True}),  # one channel: the library makes three
+        (np.zeros((20, 30, 3), dtype=np.uint8), {}),
+        (_image(30, 20, 0), {"do_convert_rgb": True}),
+        (interleaved.permute(2, 0, 1), {"input_data_format": "channels_first"}),
+    ]:
+        ours, theirs = fast.process_image(image, **options), library(image, **options)
+        assert torch.equal(ours, theirs) and ours.is_contiguous(), type(image)
+
+
+def test_patchify_leaves_what_it_does_not_cut_to_the_library(qwen_dir):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    image_processor = _load(qwen_dir, fast=True)[0].image_processor
+    uneven = torch.zeros((1, 3, 30, 28), dtype=torch.uint8)  # 30 rows: no whole 28-row block
+    with pytest.raises(RuntimeError) as library_error:
+        Qwen2VLImageProcessor.patchify(image_processor, uneven, 14, 2, 2)
+    with pytest.raises(RuntimeError, match=re.escape(str(library_error.value))):
+        image_processor.patchify(uneven, 14, 2, 2)
+    bf16 = torch.rand((1, 3, 28, 28)).to(torch.bfloat16)  # NumPy has no bfloat16
+    library = Qwen2VLImageProcessor.patchify(image_processor, bf16, 14, 2, 2)[0]
+    assert torch.equal(image_processor.patchify(bf16, 14, 2, 2)[0], library)
 
 
 def test_a_class_with_its_own_steps_keeps_them():
