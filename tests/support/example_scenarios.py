@@ -38,6 +38,7 @@ def expected_pools(name: str, declared_workers: int | None) -> Expectation:
         "cpu-pool": {"cpu": cpu_default},
         "gpu-pool": {"nvidia-h200": ("gpu", 1, "GPUPathCap")},
         "explicit-override": {"cpu": ("cpu", 3, "Explicit")},
+        "openai-front": {"cpu": cpu_default},
         "mixed-cluster": {"cpu": cpu_default, "nvidia-gb300": cpu_default, "nvidia-h200": ("cpu", 4, "Override")},
         "vllm-render": {"cpu": cpu_default},
     }
