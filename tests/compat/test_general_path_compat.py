@@ -298,6 +298,62 @@ def _token_route_exchanges(mmprep: Server, vllm: Server, *, image: bool) -> dict
             "completion_request": {"prompt": "The quick brown fox", "max_tokens": len(tokens)},
         },
     )
+
+    # What an engine adds to its answer when the request asks: logprobs (its integer-id form, the
+    # sampled token first among the top ones), several choices (n), a stop string that ended it.
+    def logprobs(ids: list[int]) -> dict[str, Any]:
+        def candidate(token: int, rank: int, at: int) -> dict[str, Any]:
+            return {"token_id": token, "logprob": -0.125 * (at % 5) - (rank - 1) * 2.5, "rank": rank}
+
+        content = [
+            {**candidate(t, 1, i), "top_logprobs": [candidate(t, 1, i), candidate(ids[(i + 1) % len(ids)], 2, i)]}
+            for i, t in enumerate(ids)
+        ]
+        return {"content": content}
+
+    def whole(choices: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "generate_response": {"request_id": "r-4", "choices": choices},
+            "prompt_tokens": len(prompt_ids),
+            "prompt_token_ids": prompt_ids,
+            "chat_request": {**chat, **request},
+        }
+
+    stopped = {"index": 0, "token_ids": tokens, "finish_reason": "stop", "stop_reason": "red mat"}
+    call(
+        "derender a chat answer with logprobs",
+        DERENDER,
+        whole(
+            [{"index": 0, "token_ids": tokens, "finish_reason": "stop", "logprobs": logprobs(tokens)}],
+            {"logprobs": True, "top_logprobs": 2},
+        ),
+    )
+    call(
+        "derender a chat answer of two choices",
+        DERENDER,
+        whole(
+            [
+                {"index": 0, "token_ids": tokens, "finish_reason": "stop"},
+                {"index": 1, "token_ids": tokens[: len(tokens) // 2], "finish_reason": "length"},
+            ],
+            {"n": 2},
+        ),
+    )
+    call("derender a chat answer ended by a stop string", DERENDER, whole([stopped], {"stop": ["red mat"]}))
+    call(
+        "derender a completion answer with logprobs",
+        "/v1/completions/derender",
+        {
+            "generate_responses": [
+                {
+                    "request_id": "r-5",
+                    "choices": [{"index": 0, "token_ids": tokens, "finish_reason": "length", "logprobs": logprobs(tokens)}],
+                }
+            ],
+            "prompt_tokens": [4],
+            "completion_request": {"prompt": "The quick brown fox", "max_tokens": len(tokens), "logprobs": 2},
+        },
+    )
     # Streamed: one call per engine event of 1 to 3 tokens, the last one with its finish reason.
     chunks, at = [], 0
     while at < len(tokens):
@@ -309,6 +365,15 @@ def _token_route_exchanges(mmprep: Server, vllm: Server, *, image: bool) -> dict
         return _chunk_body(chunks[i], i == len(chunks) - 1, state, prompt_ids, chat, "r-3")
 
     both["derender a chat stream, 1-3 tokens a call"] = _stream_to_both(mmprep, vllm, len(chunks), chunk_body)
+
+    def chunk_with_logprobs(i: int, state: Any) -> dict[str, Any]:
+        body = _chunk_body(
+            chunks[i], i == len(chunks) - 1, state, prompt_ids, {**chat, "logprobs": True, "top_logprobs": 2}, "r-6"
+        )
+        body["generate_chunk"]["choices"][0]["logprobs"] = logprobs(chunks[i])
+        return body
+
+    both["derender a chat stream with logprobs"] = _stream_to_both(mmprep, vllm, len(chunks), chunk_with_logprobs)
     # A client that switches servers mid-stream: vLLM's state, carried to mmprep, goes on alike.
     state = None
     for i in range(len(chunks)):
@@ -467,6 +532,11 @@ TOKEN_ROUTE_CASES = [
     "derender a completion answer",
     "derender a chat stream, 1-3 tokens a call",
     "derender a stream begun at vLLM, ended here",
+    "derender a chat answer with logprobs",
+    "derender a chat answer of two choices",
+    "derender a chat answer ended by a stop string",
+    "derender a completion answer with logprobs",
+    "derender a chat stream with logprobs",
     "tokenize after the bad bodies",
 ]
 BAD_BODY_CASES = [

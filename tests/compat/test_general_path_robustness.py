@@ -143,15 +143,38 @@ def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: path
     assert answer["render_path"] == "general" and "no native fast path" in answer["render_path_reason"], answer
 
 
+#: A wrong vLLM option, the family it is given to and the words of vLLM's own error at start: on a
+#: general family, and on a native one (whose fallback needs the option: serving on natively would
+#: ignore it).
+WRONG_OPTIONS = {
+    "an unknown tool parser, native family": (
+        "qwen2.5-vl",
+        "--tool-call-parser no-such-parser --enable-auto-tool-choice",
+        "tool_parser:'no-such-parser' which has not been registered",
+    ),
+    "an unknown reasoning parser": (
+        "gemma3",
+        "--reasoning-parser no-such-reasoner",
+        "reasoning_parser_name='no-such-reasoner' has not been registered",
+    ),
+    "a chat template file that does not exist": (
+        "gemma3",
+        "--chat-template /no/such/template.jinja",
+        "The supplied chat template string (/no/such/template.jinja) appears path-like, but doesn't exist!",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_OPTIONS))
 def test_a_wrong_vllm_option_stops_the_server_at_start_with_vllms_own_error(
-    vllm_venv: pathlib.Path, tmp_path: pathlib.Path
+    vllm_venv: pathlib.Path, tmp_path: pathlib.Path, case: str
 ) -> None:
-    """A parser vLLM does not know, given through --vllm-args: the render processes fail as vLLM's
-    server fails on it, and mmprep exits with vLLM's message in its log instead of serving."""
-    folder = models.make_model("gemma3", tmp_path / "gemma3")
+    """A wrong option given through --vllm-args: the render processes fail as vLLM's server fails
+    on it, and mmprep exits with vLLM's message in its log instead of serving."""
+    kind, options, message = WRONG_OPTIONS[case]
+    folder = models.make_model(kind, tmp_path / kind)
     command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
-    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-processes", "1"]
-    command += ["--vllm-args", "--tool-call-parser no-such-parser --enable-auto-tool-choice"]
+    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-processes", "1", "--vllm-args", options]
     done = subprocess.run(
         command,
         capture_output=True,
@@ -162,5 +185,5 @@ def test_a_wrong_vllm_option_stops_the_server_at_start_with_vllms_own_error(
     )
     log = done.stdout + done.stderr
     assert done.returncode == 1, log[-3000:]
-    assert "tool_parser:'no-such-parser' which has not been registered" in log, log[-3000:]
+    assert message in log, log[-3000:]
     assert "the processor could not be started" in log, log[-3000:]

@@ -45,7 +45,10 @@ def start(settings: ServeSettings, engine: core.Engine, model: ModelFacts, fetch
     try:
         general = VllmBackend.start(settings.model.model, processes, settings.render, fetcher)
     except Unavailable as exc:
-        if primary:
+        if primary or settings.render.vllm_args:
+            # With vLLM's options given, serving on without vLLM's processes would ignore them (a
+            # tool parser, a chat template): a wrong one stops the server with vLLM's own error, as
+            # it stops vLLM's server.
             raise
         # Only the fallback failed: the native path serves what it renders, and says the rest.
         logger.error("the general render path (the native path's fallback) did not start: %s", exc)

@@ -300,3 +300,34 @@ def test_the_render_sockets_go_where_their_paths_fit(monkeypatch: pytest.MonkeyP
     shallow.mkdir()
     monkeypatch.setattr(worker_pool.tempfile, "tempdir", str(shallow))
     assert worker_pool._socket_dir(processes=4).startswith(str(shallow))
+
+
+@pytest.mark.parametrize(
+    ("vllm_args", "serves"),
+    [((), True), (("--tool-call-parser", "no-such-parser", "--enable-auto-tool-choice"), False)],
+    ids=["no vLLM options: the native path serves on", "vLLM options given: the start fails"],
+)
+def test_a_fallback_that_cannot_start_stops_the_server_only_when_vllm_options_were_given(
+    monkeypatch: pytest.MonkeyPatch, vllm_args: tuple[str, ...], serves: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from mmprep_runtime.backends import assembly
+    from mmprep_runtime.backends.native.backend import NativeBackend
+    from mmprep_runtime.settings import ModelSettings, ServeSettings
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise assembly.Unavailable("vLLM's render server exited with 1 while starting: no-such-parser")
+
+    monkeypatch.setattr(assembly.VllmBackend, "start", refuse)
+    monkeypatch.setattr(assembly.versions, "vllm_version", lambda: "0.33.0")
+    settings = ServeSettings(ModelSettings("m"), render=RenderSettings(vllm_args=vllm_args))
+    engine: Any = SimpleNamespace(facts=SimpleNamespace(processor_class="Qwen2_5_VLProcessor"))
+    fetcher = fetching.Fetcher(FetchSettings())
+    if not serves:
+        with pytest.raises(assembly.Unavailable, match="no-such-parser"):
+            assembly.start(settings, engine, object(), fetcher)  # type: ignore[arg-type]
+        return
+    rendering = assembly.start(settings, engine, object(), fetcher)  # type: ignore[arg-type]
+    assert isinstance(rendering.backend, NativeBackend)
+    assert rendering.path.general_fallback is False and "the fallback did not start: vLLM" in rendering.path.reason
