@@ -225,6 +225,23 @@ def test_a_completion_with_logprobs_and_a_stop_string_is_answered_as_the_engine_
     assert (ours["choices"][0]["text"], ours["choices"][0]["finish_reason"]) == ("Paris is", "stop")
 
 
+def test_streams_with_a_stop_string_are_cut_where_the_engines_own_stream_cuts_them(servers, model):
+    """The engine stops on the string; vLLM's streamed derender refuses stop strings, so the tier
+    holds the text back and cuts it itself: the same text, finish reason and usage as the engine's
+    own stream, for a completion and for a chat (its answer after the reasoning block)."""
+    engine, tier, _ = servers
+    completion = {"model": str(model), "prompt": "The weather:", "max_tokens": 32, "temperature": 0, "stream": True}
+    completion |= {"structured_outputs": {"regex": "Paris is sunny today"}, "stop": [" sunny", "zz"]}
+    chat = _forced(model, "</think>\n\nParis is sunny today.", stream=True, stop=[" sunny"])
+    for path, body in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+        body = {**body, "stream_options": {"include_usage": True}}
+        (own_status, own), (status, ours) = _both(engine, tier, path, body)
+        assert (status, own_status) == (200, 200), (own, ours)
+        read_own, read_ours = _read(own), _read(ours)
+        assert (read_ours["choices"], read_ours["usage"]) == (read_own["choices"], read_own["usage"]), path
+        assert read_ours["choices"][0]["text"].endswith("Paris is") and read_ours["choices"][0]["finish"] == "stop", path
+
+
 def test_a_streamed_completion_and_n_sampled_choices_are_answered_as_the_engine_answers_them(servers, model):
     engine, tier, _ = servers
     body = {"model": str(model), "prompt": "Once", "max_tokens": 6, "temperature": 0, "stream": True}

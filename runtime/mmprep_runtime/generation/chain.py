@@ -245,10 +245,6 @@ class Chain:
         """A 400 for a stream the chain cannot carry, before anything is generated."""
         if len(rendered.requests) != 1:
             raise errors.BadRequest("a streamed completion takes one prompt here; send the prompts as separate requests")
-        if rendered.original.get("stop"):
-            # vLLM's derender cuts stop strings only from a whole answer (its streamed derender
-            # refuses them), and the engine does not when it answers token ids.
-            raise errors.BadRequest("`stop` strings are not supported with `stream: true` through the tier; stop on token ids")
 
     async def open_stream(self, rendered: Rendered) -> AsyncIterator[bytes]:
         """Start generating a streamed request; once the engine answered 200 (a refusal is
@@ -275,6 +271,11 @@ class Chain:
         prompt = list(rendered.requests[0]["token_ids"])
         answer_id = _answer_id(rendered.requests)
         states: dict[int, Any] = {}
+        stops = stop_strings(rendered.original)
+        held: dict[int, StopHoldback] = {}
+        # vLLM's streamed derender refuses stop strings: it is asked without them, and the text
+        # is held back and cut here as the engine's own stream does.
+        derendered = dataclasses.replace(rendered, original=_without_stop(rendered.original)) if stops else rendered
         last = 0
         try:
             async for data in generation.events():
@@ -286,7 +287,7 @@ class Chain:
                 index = int(choices[0].get("index", 0)) if choices else last
                 _drop_stop_token(choices)
                 body = self._derender_body(
-                    rendered,
+                    derendered,
                     stream=True,
                     generate_chunk=event,
                     stream_state=states.get(index),
@@ -294,13 +295,18 @@ class Chain:
                     prompt_token_ids=prompt,
                 )
                 try:
-                    answer = await self._derender(rendered, body)
+                    answer = await self._derender(derendered, body)
                 except Passed as passed:
                     yield b"data: " + _as_error_json(passed.reply.body, passed.reply.status) + b"\n\n" + DONE
                     return
                 states[index], last = answer["stream_state"], index
                 chunk = answer["chunk"]
                 chunk["id"] = answer_id
+                if stops:
+                    include = bool(rendered.original.get("include_stop_str_in_output"))
+                    for engine_choice, choice in zip(choices, chunk.get("choices") or (), strict=False):
+                        holdback = held.setdefault(index, StopHoldback(stops, include))
+                        holdback.apply(choice, engine_choice)
                 details = _cached_details([event.get("usage")])
                 if details is not None and isinstance(chunk.get("usage"), dict):
                     chunk["usage"]["prompt_tokens_details"] = details
@@ -313,6 +319,60 @@ class Chain:
         finally:
             await opened.__aexit__(None, None, None)
         yield DONE
+
+
+def stop_strings(request: dict[str, Any]) -> list[str]:
+    """The request's ``stop`` strings (OpenAI's field: one string or a list)."""
+    stop = request.get("stop")
+    listed = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    return [s for s in listed if isinstance(s, str) and s]
+
+
+def _without_stop(request: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in request.items() if k != "stop"}
+
+
+class StopHoldback:
+    """One streamed choice's text as the engine's own stream writes it for a request with stop
+    strings: the last ``longest - 1`` characters are held back until the next event (a stop string
+    may be completing), and the choice's last event cuts the text where the stop string the engine
+    stopped on begins (after it with ``include_stop_str_in_output``, which holds nothing back).
+    The engine stops at a string's first appearance, and what was written never reached into one
+    that later completed: so its first appearance in the whole text is where to cut."""
+
+    def __init__(self, stops: list[str], include: bool) -> None:
+        self.hold = 0 if include else max(len(s) for s in stops) - 1
+        self.include = include
+        self.text = ""
+        self.written = 0
+
+    def next_text(self, delta: str, finish_reason: Any, stop_reason: Any) -> str:
+        """What to write for this event's ``delta``; ``finish_reason`` set on the choice's last."""
+        self.text += delta
+        end = len(self.text)
+        if finish_reason is None:
+            end = max(end - self.hold, self.written)
+        elif finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason:
+            at = self.text.find(stop_reason)
+            if at >= 0:
+                end = at + len(stop_reason) if self.include else at
+        written = self.text[self.written : end] if end > self.written else ""
+        self.written = max(self.written, end)
+        return written
+
+    def apply(self, choice: Any, engine_choice: Any) -> None:
+        """Hold back and cut the text of a derendered chunk's ``choice`` (a chat delta's content or
+        a completion's text), by its engine event's finish and stop reasons."""
+        if not isinstance(choice, dict) or not isinstance(engine_choice, dict):
+            return
+        delta = choice.get("delta")
+        holder, key = (delta, "content") if isinstance(delta, dict) else (choice, "text")
+        given = holder.get(key)
+        written = self.next_text(
+            given if isinstance(given, str) else "", engine_choice.get("finish_reason"), engine_choice.get("stop_reason")
+        )
+        if isinstance(given, str) or written:
+            holder[key] = written
 
 
 def _as_error_json(body: bytes, status: int) -> bytes:

@@ -394,15 +394,6 @@ async def test_closing_the_events_early_closes_the_engines_stream(setup: Setup) 
 # What cannot be streamed.
 
 
-async def test_a_stream_with_stop_strings_is_refused_before_anything_is_generated(setup: Setup) -> None:
-    rendered = await setup.render({**CHAT_REQUEST, "stream": True, "stop": ["\n\n"]})
-    with pytest.raises(errors.BadRequest, match="stop") as raised:
-        await setup.chain.open_stream(rendered)
-    assert raised.value.status == 400
-    assert setup.engine.generated == []
-    Chain.check_streamable(CHAT, await setup.render({**CHAT_REQUEST, "stream": True, "stop": []}))  # none given: streamable
-
-
 async def test_a_streamed_completion_of_several_prompts_is_refused(setup: Setup) -> None:
     rendered = [{**RENDERED, "request_id": "cmpl-1-0"}, {**RENDERED, "request_id": "cmpl-1-1"}]
     setup.renderer.render_reply = Reply(200, json.dumps(rendered).encode())
@@ -413,9 +404,62 @@ async def test_a_streamed_completion_of_several_prompts_is_refused(setup: Setup)
     assert setup.engine.generated == []
 
 
-def test_the_stream_of_one_prompt_without_stop_strings_is_streamable() -> None:
-    rendered = chain.Rendered(COMPLETION, {"prompt": "a", "stream": True}, [RENDERED], None)
-    Chain.check_streamable(COMPLETION, rendered)
+def test_the_stream_of_one_prompt_is_streamable_with_or_without_stop_strings() -> None:
+    for original in ({"prompt": "a", "stream": True}, {"prompt": "a", "stream": True, "stop": ["\n"]}):
+        Chain.check_streamable(COMPLETION, chain.Rendered(COMPLETION, original, [RENDERED], None))
+
+
+# Stop strings in a stream: held back and cut here, as the engine's own stream writes them.
+
+
+def _stopped(index: int, tokens: list[int], stop: str) -> dict[str, Any]:
+    event = _event(index, tokens, "stop")
+    event["choices"][0]["stop_reason"] = stop
+    return event
+
+
+def _contents(chunks: list[Any], index: int = 0) -> list[str | None]:
+    return [c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices") and c["choices"][0]["index"] == index]
+
+
+async def test_a_stream_with_stop_strings_holds_back_their_length_and_cuts_where_the_engine_stopped(setup: Setup) -> None:
+    # The fake derender writes token 3 as "<3>"; the engine stopped on it, the string "<3>".
+    setup.engine.answer = answer_events([_event(0, [1]), _event(0, [2]), _stopped(0, [3], "<3>")])
+    events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "stop": ["<3>", "x"]})
+
+    contents = _contents(events[:-1])
+    # Two characters held back at each event (the longest string less one), the rest at the end.
+    assert contents == ["<", "1><", "2>"] and "".join(contents) == "<1><2>"
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert all("stop" not in d["chat_request"] for d in setup.renderer.derenders()), "vLLM's streamed derender refuses them"
+    assert setup.engine.generated[0]["sampling_params"] == RENDERED["sampling_params"]  # the engine stops on them itself
+
+
+async def test_a_stream_that_ends_otherwise_writes_everything_held_back(setup: Setup) -> None:
+    setup.engine.answer = answer_events([_event(0, [1, 2]), _event(1, [5]), _event(0, [3], "length"), _event(1, [6], "length")])
+    events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "n": 2, "stop": "<9>"})
+    assert "".join(_contents(events[:-1], 0)) == "<1><2><3>" and _contents(events[:-1], 0)[0] == "<1><"
+    assert "".join(_contents(events[:-1], 1)) == "<5><6>", "each choice holds back its own text"
+
+
+async def test_include_stop_str_in_output_holds_nothing_back_and_cuts_after_the_string(setup: Setup) -> None:
+    setup.engine.answer = answer_events([_event(0, [1]), _stopped(0, [2], "2")])
+    events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "stop": ["2"], "include_stop_str_in_output": True})
+    assert _contents(events[:-1]) == ["<1>", "<2"]
+
+
+def test_the_holdback_cuts_a_completions_text_and_leaves_other_deltas_alone() -> None:
+    holdback = chain.StopHoldback(["sunny"], include=False)
+    first = {"index": 0, "text": "Paris is sun"}
+    holdback.apply(first, {"finish_reason": None})
+    last = {"index": 0, "text": "ny today"}
+    holdback.apply(last, {"finish_reason": "stop", "stop_reason": "sunny"})
+    assert (first["text"], last["text"]) == ("Paris is", " ")
+    reasoning = chain.StopHoldback(["sunny"], include=False)
+    choice: dict[str, Any] = {"index": 0, "delta": {"reasoning": "thinking"}}
+    reasoning.apply(choice, {"finish_reason": None})
+    assert choice == {"index": 0, "delta": {"reasoning": "thinking"}}, "no content given, none written"
+    assert chain.stop_strings({"stop": "a"}) == ["a"] and chain.stop_strings({"stop": ["", "b", 3]}) == ["b"]
 
 
 # The request the derender is given.
