@@ -221,11 +221,12 @@ def test_the_native_front_answers_as_the_engines_own_api_without_vllm(
     # A stop string the engine met: the text cut where it begins, as the engine's API cuts it.
     text = own[1]["choices"][0]["text"]
     stop = next((text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].strip()), None)
-    if stop is not None:
-        stopped = {**completion, "stop": [stop]}
-        assert _seen(native_front.post("/v1/completions", stopped)) == _seen(engine.post("/v1/completions", stopped))
+    assert stop is not None, f"the seeded answer {text!r} has no two printable characters to stop on"
+    stopped = {**completion, "stop": [stop]}
+    assert _seen(native_front.post("/v1/completions", stopped)) == _seen(engine.post("/v1/completions", stopped))
     leave_out = ("prompt_tokens_details", "completion_tokens_details")  # cache counts: the second request hits
-    for body, path in ((sampled, "/v1/chat/completions"), (completion, "/v1/completions")):
+    # Streamed too (the stop string held back and cut by the front), and the rest streamed.
+    for body, path in ((stopped, "/v1/completions"), (sampled, "/v1/chat/completions"), (completion, "/v1/completions")):
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         own, ours = (openai_answers.events(openai_answers.post(s, path, streamed)[1]) for s in (engine, native_front))
         assert openai_answers.read_stream(ours, leave_out)["choices"] == openai_answers.read_stream(own, leave_out)["choices"]

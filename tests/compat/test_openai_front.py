@@ -242,6 +242,16 @@ def test_streams_with_a_stop_string_are_cut_where_the_engines_own_stream_cuts_th
         assert read_ours["choices"][0]["text"].endswith("Paris is") and read_ours["choices"][0]["finish"] == "stop", path
 
 
+def test_a_chats_logprobs_are_answered_as_the_engine_answers_them(servers, model):
+    """Whole: the tokens, their logprobs and the top candidates. (A stream's are not: vLLM's
+    streamed derender writes none where the engine's own stream has them; docs/runtime.md.)"""
+    engine, tier, _ = servers
+    chat = _image_chat(model, image_seed=24, logprobs=True, top_logprobs=2, max_tokens=4)
+    (_, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", chat)
+    assert status == 200 and _comparable(ours) == _comparable(own)
+    assert len(ours["choices"][0]["logprobs"]["content"]) == 4
+
+
 def test_a_streamed_completion_and_n_sampled_choices_are_answered_as_the_engine_answers_them(servers, model):
     engine, tier, _ = servers
     body = {"model": str(model), "prompt": "Once", "max_tokens": 6, "temperature": 0, "stream": True}
@@ -336,3 +346,15 @@ def test_a_client_that_leaves_mid_stream_has_the_engine_abort_its_request(server
     wait_for(lambda: openai_answers.metric(engine, "vllm:num_requests_running") == 0, 60, what="the engine to stop generating")
     written = openai_answers.metric(engine, "vllm:generation_tokens_total") - generated
     assert 3 <= written < asked / 2, f"the engine wrote {written} of {asked} tokens: it was not aborted"
+
+
+def test_a_streamed_completion_of_two_prompts_is_answered_as_the_engine_answers_it(servers, model):
+    """Last in the module: vLLM's CPU build's worker has died (SIGILL) on a two-prompt batch sent
+    to a freshly started engine, which would take the engine from every later test."""
+    engine, tier, _ = servers
+    body = {"model": str(model), "prompt": ["Once", "The weather:"], "max_tokens": 5, "temperature": 0, "stream": True}
+    (_, own), (status, ours) = _both(engine, tier, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    read_own, read_ours = _read(own), _read(ours)
+    assert status == 200 and (read_ours["choices"], read_ours["usage"]) == (read_own["choices"], read_own["usage"])
+    # One choice per prompt, numbered as the engine numbers them (n > 1 per prompt: the unit tests).
+    assert sorted(read_ours["choices"]) == [0, 1] and read_ours["usage"]["completion_tokens"] == 10

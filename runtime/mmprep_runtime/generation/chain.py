@@ -240,85 +240,172 @@ class Chain:
             answer["usage"]["prompt_tokens_details"] = details
         return orjson.dumps(answer)
 
-    @staticmethod
-    def check_streamable(kind: Kind, rendered: Rendered) -> None:
-        """A 400 for a stream the chain cannot carry, before anything is generated."""
-        if len(rendered.requests) != 1:
-            raise errors.BadRequest("a streamed completion takes one prompt here; send the prompts as separate requests")
-
     async def open_stream(self, rendered: Rendered) -> AsyncIterator[bytes]:
-        """Start generating a streamed request; once the engine answered 200 (a refusal is
-        ``Passed`` before any byte went to the client), the server-sent events to send on,
-        ``[DONE]`` last. The caller closes them (``aclose``) when it stops early: that closes the
-        engine's stream, and the engine stops generating."""
-        self.check_streamable(rendered.kind, rendered)
-        request = rendered.requests[0]
-        if request.get("stream_options") is None and rendered.original.get("stream_options") is not None:
-            # The native render leaves the options out (its answer is vLLM's non-streamed render's);
-            # the engine reads them from here: a usage event only when asked for.
-            request = {**request, "stream_options": rendered.original["stream_options"]}
-        opened = self.engines.generate(orjson.dumps(request), _JSON)
-        generation = await opened.__aenter__()
+        """Start generating a streamed request (one engine stream per prompt of a completion);
+        once every engine answered 200 (a refusal is ``Passed`` before any byte went to the
+        client), the server-sent events to send on, ``[DONE]`` last. The caller closes them
+        (``aclose``) when it stops early: that closes the engines' streams, and the engines stop
+        generating."""
+        opened: list[Any] = []
+        generations: list[Generation] = []
         try:
-            if generation.status != 200:
-                raise Passed(Reply(generation.status, _as_error_json(await generation.read(), generation.status)))
+            for request in rendered.requests:
+                if request.get("stream_options") is None and rendered.original.get("stream_options") is not None:
+                    # The native render leaves the options out (its answer is vLLM's non-streamed
+                    # render's); the engine reads them from here: a usage event only when asked for.
+                    request = {**request, "stream_options": rendered.original["stream_options"]}
+                opening = self.engines.generate(orjson.dumps(request), _JSON)
+                generation = await opening.__aenter__()
+                opened.append(opening)
+                generations.append(generation)
+                if generation.status != 200:
+                    raise Passed(Reply(generation.status, _as_error_json(await generation.read(), generation.status)))
         except BaseException:
-            await opened.__aexit__(None, None, None)
+            await _close_all(opened)
             raise
-        return self._events(rendered, generation, opened)
+        return self._events(rendered, generations, opened)
 
-    async def _events(self, rendered: Rendered, generation: Generation, opened: Any) -> AsyncIterator[bytes]:
-        prompt = list(rendered.requests[0]["token_ids"])
-        answer_id = _answer_id(rendered.requests)
-        states: dict[int, Any] = {}
-        stops = stop_strings(rendered.original)
-        held: dict[int, StopHoldback] = {}
+    async def _events(self, rendered: Rendered, generations: list[Generation], opened: list[Any]) -> AsyncIterator[bytes]:
+        stream = _StreamState(rendered)
         # vLLM's streamed derender refuses stop strings: it is asked without them, and the text
         # is held back and cut here as the engine's own stream does.
-        derendered = dataclasses.replace(rendered, original=_without_stop(rendered.original)) if stops else rendered
-        last = 0
+        derendered = dataclasses.replace(rendered, original=_without_stop(rendered.original)) if stream.stops else rendered
         try:
-            async for data in generation.events():
+            async for prompt, data in _merged([g.events() for g in generations]):
                 event = orjson.loads(data)
                 if not isinstance(event, dict) or "error" in event:
                     yield b"data: " + data + b"\n\n"  # the engine's own error event, as it wrote it
                     continue
                 choices = event.get("choices") or []
-                index = int(choices[0].get("index", 0)) if choices else last
+                index = int(choices[0].get("index", 0)) if choices else stream.last[prompt]
                 _drop_stop_token(choices)
                 body = self._derender_body(
                     derendered,
                     stream=True,
                     generate_chunk=event,
-                    stream_state=states.get(index),
-                    prompt_tokens=len(prompt),
-                    prompt_token_ids=prompt,
+                    stream_state=stream.states.get((prompt, index)),
+                    prompt_tokens=len(stream.prompts[prompt]),
+                    prompt_token_ids=stream.prompts[prompt],
                 )
                 try:
                     answer = await self._derender(derendered, body)
                 except Passed as passed:
                     yield b"data: " + _as_error_json(passed.reply.body, passed.reply.status) + b"\n\n" + DONE
                     return
-                states[index], last = answer["stream_state"], index
-                chunk = answer["chunk"]
-                chunk["id"] = answer_id
-                if stops:
-                    include = bool(rendered.original.get("include_stop_str_in_output"))
-                    for engine_choice, choice in zip(choices, chunk.get("choices") or (), strict=False):
-                        holdback = held.setdefault(index, StopHoldback(stops, include))
-                        holdback.apply(choice, engine_choice)
-                details = _cached_details([event.get("usage")])
-                if details is not None and isinstance(chunk.get("usage"), dict):
-                    chunk["usage"]["prompt_tokens_details"] = details
-                yield _event(chunk)
+                stream.states[(prompt, index)], stream.last[prompt] = answer["stream_state"], index
+                chunk = stream.chunk(answer["chunk"], prompt, index, choices, event.get("usage"))
+                if chunk is not None:
+                    yield _event(chunk)
         except errors.RequestError as exc:
             # The engine stopped mid-answer (or a derender could not be made): the client is told
             # so, in the stream, rather than seeing it end as if it were complete.
             yield error_event(exc.message, exc.status) + DONE
             return
         finally:
-            await opened.__aexit__(None, None, None)
+            await _close_all(opened)
+        usage = stream.usage_chunk()
+        if usage is not None:
+            yield _event(usage)
         yield DONE
+
+
+class _StreamState:
+    """What a streamed answer carries from event to event: each choice's derender state and
+    stop-string holdback (by prompt and choice), and, for a completion of several prompts, the
+    usage of each prompt's stream, written once at the end as the engine's own API writes it."""
+
+    def __init__(self, rendered: Rendered) -> None:
+        self.rendered = rendered
+        self.answer_id = _answer_id(rendered.requests)
+        self.prompts = [list(r["token_ids"]) for r in rendered.requests]
+        self.several = len(self.prompts) > 1
+        n = rendered.original.get("n")
+        self.choices_per_prompt = n if isinstance(n, int) and n > 0 else 1
+        self.states: dict[tuple[int, int], Any] = {}
+        self.last = [0] * len(self.prompts)
+        self.stops = stop_strings(rendered.original)
+        self.include_stop = bool(rendered.original.get("include_stop_str_in_output"))
+        self.held: dict[tuple[int, int], StopHoldback] = {}
+        self.usage_chunks: list[dict[str, Any]] = []
+        self.engine_usages: list[Any] = []
+
+    def chunk(
+        self, chunk: dict[str, Any], prompt: int, index: int, engine_choices: list[Any], engine_usage: Any
+    ) -> dict[str, Any] | None:
+        """The derendered ``chunk`` as the engine's own stream writes it; None for a prompt's usage
+        event of several, kept for the end."""
+        chunk["id"] = self.answer_id
+        written = chunk.get("choices") or []
+        if self.stops:
+            for engine_choice, choice in zip(engine_choices, written, strict=False):
+                holdback = self.held.setdefault((prompt, index), StopHoldback(self.stops, self.include_stop))
+                holdback.apply(choice, engine_choice)
+        if self.several:
+            # The engine's API numbers the choices of prompt p as p * n + i.
+            for choice in written:
+                if isinstance(choice, dict) and isinstance(choice.get("index"), int):
+                    choice["index"] += prompt * self.choices_per_prompt
+            if not written and isinstance(chunk.get("usage"), dict):
+                self.usage_chunks.append(chunk)
+                self.engine_usages.append(engine_usage)
+                return None
+        details = _cached_details([engine_usage])
+        if details is not None and isinstance(chunk.get("usage"), dict):
+            chunk["usage"]["prompt_tokens_details"] = details
+        return chunk
+
+    def usage_chunk(self) -> dict[str, Any] | None:
+        """One usage chunk for the prompts' streams: their counts summed."""
+        if not self.usage_chunks:
+            return None
+        chunk = self.usage_chunks[-1]
+        usages = [c["usage"] for c in self.usage_chunks]
+        chunk["usage"] = {
+            key: sum(int(u.get(key) or 0) for u in usages) for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+        }
+        details = _cached_details(self.engine_usages)
+        if details is not None:
+            chunk["usage"]["prompt_tokens_details"] = details
+        return chunk
+
+
+async def _close_all(opened: list[Any]) -> None:
+    for opening in opened:
+        await opening.__aexit__(None, None, None)
+
+
+async def _merged(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[tuple[int, bytes]]:
+    """The items of ``streams`` as each arrives, with the number of the stream it came from; the
+    first error of any stream is raised here."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    arrived: asyncio.Queue[tuple[int, bytes | None, Exception | None]] = asyncio.Queue()
+
+    async def pump(number: int, stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for item in stream:
+                await arrived.put((number, item, None))
+            await arrived.put((number, None, None))
+        except Exception as exc:  # noqa: BLE001 - raised to the reader, in its order
+            await arrived.put((number, None, exc))
+
+    pumps = [asyncio.create_task(pump(number, stream)) for number, stream in enumerate(streams)]
+    try:
+        running = len(pumps)
+        while running:
+            number, got, error = await arrived.get()
+            if error is not None:
+                raise error
+            if got is None:
+                running -= 1
+                continue
+            yield number, got
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 def stop_strings(request: dict[str, Any]) -> list[str]:

@@ -350,3 +350,32 @@ async def test_an_engine_gone_since_its_last_check_is_skipped_not_a_502(made: Po
     url, status, body = await _generate_whole(pool)
     assert (url, status) == (b.url, 200), body  # the request never reached A: B may take it
     assert pool.info()[0]["up"] is False
+
+
+async def test_an_http_client_of_a_tier_whose_engines_are_all_down_gets_a_503_in_openais_error_shape(serve, qwen_dir) -> None:
+    """Through the real app (render in-process, the engine pool, the OpenAI route): a JSON 503
+    with Retry-After within the connect timeout per engine, and the render pool serves on."""
+    from mmprep_runtime.settings import ModelSettings, ServeSettings
+
+    refusing = bound_socket()
+    silent, fillers = _not_accepting()
+    connect_timeout = 0.3
+    engines = EngineSettings(urls=(url_of(refusing), url_of(silent)), connect_timeout_s=connect_timeout, health_interval_s=3600)
+    try:
+        served = await serve(ServeSettings(ModelSettings(str(qwen_dir)), engines=engines))
+        body = {"model": str(qwen_dir), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            asked = body if path.endswith("chat/completions") else {"model": str(qwen_dir), "prompt": "Hi", "max_tokens": 2}
+            started = time.perf_counter()
+            async with served.client.post(served.url + path, json=asked) as response:
+                status, headers, answer = response.status, response.headers, await response.json()
+            took = time.perf_counter() - started
+            assert status == 503 and headers["Retry-After"] == "1", answer
+            assert set(answer) == {"error"} and answer["error"]["code"] == 503, answer
+            assert {"message", "type", "param", "code"} <= set(answer["error"]) and url_of(silent) in answer["error"]["message"]
+            assert took < 2 * connect_timeout + 2.0, took
+        async with served.client.post(served.url + "/v1/chat/completions/render", json=body) as response:
+            assert response.status == 200, "the render serves on"
+    finally:
+        for sock in (refusing, silent, *fillers):
+            sock.close()

@@ -30,7 +30,6 @@ from support.fake_vllm_engine import (
     generate_response,
 )
 
-from mmprep_runtime import errors
 from mmprep_runtime.backends.protocol import Operation, Reply
 from mmprep_runtime.generation import chain
 from mmprep_runtime.generation.chain import CHAT, COMPLETION, Chain, Passed, without_media
@@ -184,7 +183,11 @@ def _events(streamed: bytes) -> list[Any]:
 
 
 async def _stream(setup: Setup, original: dict[str, Any]) -> list[Any]:
-    events = await setup.chain.open_stream(await setup.render(original))
+    return await _stream_kind(setup, original, CHAT)
+
+
+async def _stream_kind(setup: Setup, original: dict[str, Any], kind: chain.Kind) -> list[Any]:
+    events = await setup.chain.open_stream(await setup.render(original, kind))
     return _events(b"".join([event async for event in events]))
 
 
@@ -394,19 +397,60 @@ async def test_closing_the_events_early_closes_the_engines_stream(setup: Setup) 
 # What cannot be streamed.
 
 
-async def test_a_streamed_completion_of_several_prompts_is_refused(setup: Setup) -> None:
-    rendered = [{**RENDERED, "request_id": "cmpl-1-0"}, {**RENDERED, "request_id": "cmpl-1-1"}]
+async def test_a_streamed_completion_of_several_prompts_streams_each_with_the_engines_numbering(setup: Setup) -> None:
+    rendered = [
+        {**RENDERED, "request_id": "cmpl-1-0", "token_ids": [1, 2, 3]},
+        {**RENDERED, "request_id": "cmpl-1-1", "token_ids": [4, 5]},
+    ]
     setup.renderer.render_reply = Reply(200, json.dumps(rendered).encode())
-    original = {"model": "m", "prompt": ["a", "b"], "stream": True}
-    with pytest.raises(errors.BadRequest, match="one prompt") as raised:
-        await setup.chain.open_stream(await setup.render(original, COMPLETION))
-    assert raised.value.status == 400
-    assert setup.engine.generated == []
+
+    async def per_prompt(engine: FakeEngine, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        first = body["token_ids"][0] * 10  # prompt 0 answers 10, 11; prompt 1 answers 40, 41 (n = 2: two choices)
+        usage = {"prompt_tokens": len(body["token_ids"]), "completion_tokens": 2, "total_tokens": len(body["token_ids"]) + 2}
+        usage["prompt_tokens_details"] = {"cached_tokens": 1}
+        events = [_event(0, [first]), _event(1, [first + 1], "length"), _event(0, [first + 2], "length")]
+        events.append({"request_id": "g", "choices": [], "usage": usage})
+        return await answer_events(events)(engine, request, body)
+
+    setup.engine.answer = per_prompt
+    original = {"model": "m", "prompt": ["a", "b"], "stream": True, "n": 2, "stream_options": {"include_usage": True}}
+    events = await _stream_kind(setup, original, COMPLETION)
+
+    assert sorted(r["request_id"] for r in setup.engine.generated) == ["cmpl-1-0", "cmpl-1-1"]
+    chunks = events[:-1]
+    assert events[-1] == "[DONE]" and {c["id"] for c in chunks} == {"cmpl-1"}
+    joined: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        joined[choice["index"]] = joined.get(choice["index"], "") + choice["delta"]["content"]
+    # The engine's API numbers prompt p's choice i as p * n + i.
+    assert joined == {0: "<10><12>", 1: "<11>", 2: "<40><42>", 3: "<41>"}
+    # One usage chunk, last: both prompts' counts summed, as the engine's own stream writes it.
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 4,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+    # Each event is derendered with its own prompt's ids.
+    prompts = {tuple(d["prompt_token_ids"]) for d in setup.renderer.derenders()}
+    assert prompts == {(1, 2, 3), (4, 5)}
 
 
-def test_the_stream_of_one_prompt_is_streamable_with_or_without_stop_strings() -> None:
-    for original in ({"prompt": "a", "stream": True}, {"prompt": "a", "stream": True, "stop": ["\n"]}):
-        Chain.check_streamable(COMPLETION, chain.Rendered(COMPLETION, original, [RENDERED], None))
+async def test_a_prompt_the_engine_refuses_closes_the_others_before_anything_is_sent(setup: Setup) -> None:
+    rendered = [{**RENDERED, "request_id": "cmpl-2-0"}, {**RENDERED, "request_id": "cmpl-2-1", "token_ids": [9] * 40}]
+    setup.renderer.render_reply = Reply(200, json.dumps(rendered).encode())
+
+    async def refuse_long(engine: FakeEngine, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if len(body["token_ids"]) > 32:
+            return await answer_json(VLLM_TOO_LONG, 400)(engine, request, body)
+        return await answer_events([_event(0, [1], "length")])(engine, request, body)
+
+    setup.engine.answer = refuse_long
+    with pytest.raises(Passed) as passed:
+        await setup.chain.open_stream(await setup.render({"model": "m", "prompt": ["a", "b"], "stream": True}, COMPLETION))
+    assert passed.value.reply.status == 400 and json.loads(passed.value.reply.body) == VLLM_TOO_LONG
+    assert setup.pool.info()[0]["in_flight"] == 0, "the stream already open was closed"
 
 
 # Stop strings in a stream: held back and cut here, as the engine's own stream writes them.
