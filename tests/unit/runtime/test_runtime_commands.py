@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -276,3 +277,17 @@ def test_serve_exits_non_zero_when_the_processor_cannot_load(uncloneable_dir):
     )
     assert result.returncode == 1
     assert "trust_remote_code" in result.stderr and "could not be started" in result.stderr
+
+
+def test_the_cli_loads_no_synthetic_model_builder_until_a_command_uses_one() -> None:
+    """The builders are test and demo code: importing the CLI and its --help load none of them
+    (a fresh interpreter, since this one imported them above)."""
+    script = (
+        "import sys, contextlib, io\n"
+        "from mmprep_runtime import cli\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['--help'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('mmprep_runtime.synthetic')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
