@@ -796,7 +796,15 @@ def test_an_autoscaled_pool_grows_under_load_then_shrinks_and_rolls_with_no_fail
         )
         loads.append(heavy)
         trickle = start_load(
-            kube, NAMESPACE, image=RUNTIME_IMAGE, url=url, schedule="0:2", duration=1200, node=GPU_NODE, text=text
+            kube,
+            NAMESPACE,
+            image=RUNTIME_IMAGE,
+            url=url,
+            schedule="0:2",
+            duration=1200,
+            node=GPU_NODE,
+            text=text,
+            extra_args=("--retries", "10"),  # it runs beside the heavy load while the pool grows
         )
         loads.append(trickle)
         started = time.monotonic()
