@@ -87,7 +87,8 @@ def _qwen2_vl_image_processor() -> type | None:
 
 @functools.cache
 def _fast_qwen2_vl_image_processor() -> type | None:
-    """The library's Qwen2-VL image processor with the ``patchify`` stand-in, under its name."""
+    """The library's Qwen2-VL image processor with the ``patchify`` and ``process_image`` stand-ins,
+    under its name."""
     library = _qwen2_vl_image_processor()
     if library is None:
         return None
@@ -275,7 +276,7 @@ def _bind(target: Any, base: type | None, stand_ins: dict[str, Any]) -> list[str
 
 def apply(processor: Any) -> tuple[str, ...]:
     """Bind the stand-ins where the processor's (and its tokenizer's) class uses the library's
-    steps, and give a Qwen2-VL image processor the class with ``patchify``; their names. A bare
+    steps, and give a Qwen2-VL image processor the class with its two stand-ins; their names. A bare
     tokenizer is its own tokenizer (``patches.tokenizer_of``)."""
     mixin = _base()
     applied = _bind(processor, mixin[0] if mixin else None, _STAND_INS)

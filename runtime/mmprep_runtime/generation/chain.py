@@ -315,7 +315,6 @@ class _StreamState:
     usage of each prompt's stream, written once at the end as the engine's own API writes it."""
 
     def __init__(self, rendered: Rendered) -> None:
-        self.rendered = rendered
         self.answer_id = _answer_id(rendered.requests)
         self.prompts = [list(r["token_ids"]) for r in rendered.requests]
         self.several = len(self.prompts) > 1
