@@ -37,7 +37,7 @@ def start(settings: ServeSettings, engine: core.Engine, model: ModelFacts, fetch
     """Choose the render path and start what serves it; ``Unavailable`` when the general path is
     the primary one and its processes cannot start."""
     path = choice.choose(settings.render.path, engine.facts.processor_class, versions.vllm_version(), settings.render.vllm_args)
-    native = NativeBackend(engine, model, settings.limits, fetcher)
+    native = NativeBackend(engine, model, settings.limits, fetcher, parses_chats=choice.parses_chats(settings.render.vllm_args))
     if not path.needs_general:
         return Rendering(path, native)
     primary = path.primary == choice.GENERAL

@@ -36,6 +36,17 @@ NATIVE_CHANGING_OPTIONS: Final = (
 )
 
 
+#: vLLM options that make its chat derender parse every answer (tool calls, reasoning): the
+#: native derender leaves chat derenders to vLLM's code when any is given.
+PARSER_OPTIONS: Final = ("--tool-call-parser", "--reasoning-parser")
+
+
+def parses_chats(vllm_args: Sequence[str]) -> bool:
+    """Whether ``vllm_args`` configures a parser of vLLM's chat derender."""
+    given = vllm_option_names(vllm_args)
+    return any(option in given for option in PARSER_OPTIONS)
+
+
 def native_changing_options(vllm_args: Sequence[str]) -> list[str]:
     """Which of ``NATIVE_CHANGING_OPTIONS`` ``vllm_args`` gives (``--name value`` or ``--name=value``)."""
     given = vllm_option_names(vllm_args)

@@ -31,6 +31,9 @@ class ModelFacts:
     device_normalize: bool
     #: Placeholders expand to ``grid.prod() / merge_size**2`` tokens (Qwen2-VL's rule): tokenize once.
     expands_by_grid: bool = False
+    #: The ids the model's generation config stops on (beside the tokenizer's EOS): derender
+    #: leaves such a last token out, as the engine does.
+    eos_token_ids: frozenset[int] = frozenset()
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
@@ -58,6 +61,27 @@ def _model_config(model: str) -> dict[str, Any]:
         return {}
 
 
+def _ids(value: Any) -> frozenset[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return frozenset({value})
+    if isinstance(value, list):
+        return frozenset(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return frozenset()
+
+
+def _generation_eos(model: str, config: Mapping[str, Any]) -> frozenset[int]:
+    """The EOS ids of the folder's ``generation_config.json``, or, without one, of the model's
+    config (the generation config transformers derives from it), as vLLM reads them."""
+    generation = pathlib.Path(model) / "generation_config.json"
+    if generation.is_file():
+        try:
+            return _ids(json.loads(generation.read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            return frozenset()
+    text_config = config.get("text_config") or {}
+    return _ids(text_config.get("eos_token_id", config.get("eos_token_id")))
+
+
 def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
     config = _model_config(facts.model)
     text_config = config.get("text_config") or config
@@ -77,4 +101,5 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         expands_by_grid=facts.normalizes_on_device
         and token_id is not None
         and hasattr(getattr(processor, "image_processor", None), "merge_size"),
+        eos_token_ids=_generation_eos(facts.model, config),
     )

@@ -264,8 +264,6 @@ async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/chat/completions/derender", {"generate_response": {"choices": [{"index": 0, "token_ids": [1]}]}}),
-        ("/v1/completions/derender", {"generate_responses": []}),
         ("/v1/messages/render", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
         ("/v1/responses/render", {"input": "hi"}),
         ("/tokenizer_info", None),
@@ -283,6 +281,26 @@ async def test_without_vllm_the_routes_beyond_render_say_which_image_serves_them
     assert answer["error"]["type"] == "NotImplementedError" and answer["error"]["code"] == 501
     assert path in answer["error"]["message"] and "mmprep-runtime-vllm" in answer["error"]["message"]
     status, _ = await running.render({"prompt": "The quick brown fox", "max_tokens": 5}, "/v1/completions/render")
+    assert status == 200, "the pool keeps serving"
+
+
+async def test_without_vllm_the_derenders_are_answered_natively_whole_and_streamed(start_render, qwen_dir):
+    text = "A cat sits on the mat."
+    # vLLM's answers are compared in the compatibility suite; here: the routes answer through the
+    # app (on the engine's pool), and a bad body is a 400 after which the pool serves on.
+    running = await start_render(qwen_dir)
+    status, tokenized = await running.render({"prompt": text, "add_special_tokens": False}, "/tokenize")
+    assert status == 200, tokenized
+    ids = tokenized["tokens"]
+    whole = {"generate_response": {"request_id": "r", "choices": [{"index": 0, "token_ids": ids, "finish_reason": "length"}]}}
+    status, answer = await running.render(whole, "/v1/chat/completions/derender")
+    assert status == 200 and answer["choices"][0]["message"]["content"] == text, answer
+    chunk = {"request_id": "r", "choices": [{"index": 0, "token_ids": ids}]}
+    status, answer = await running.render({"stream": True, "generate_chunk": chunk}, "/v1/completions/derender")
+    assert status == 200 and answer["chunk"]["choices"][0]["text"] == text and answer["stream_state"]["read_offset"] >= 0, answer
+    status, answer = await running.render({"generate_response": "nope"}, "/v1/chat/completions/derender")
+    assert status == 400 and answer["error"]["code"] == 400, answer
+    status, _ = await running.render(whole, "/v1/chat/completions/derender")
     assert status == 200, "the pool keeps serving"
 
 

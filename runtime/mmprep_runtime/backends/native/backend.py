@@ -4,16 +4,17 @@
 
 A request it does not render exactly (a video, a tool list, a chat-template argument) raises
 ``errors.BeyondFastPath``: a 4xx on its own, or the general backend's turn behind ``fallback``.
-``/tokenize`` and ``/detokenize`` are answered here too (``tokens``), on the same pool. The other
-routes of vLLM's render server (derender, tokenizer_info, the Anthropic and Responses renders)
-need vLLM's own code (its detokenizer's stream state, its parsers, its request conversions): they
-raise ``errors.NeedsVllm``, the general backend's turn where vLLM is installed, a 501 naming the
-image that serves them where it is not.
+``/tokenize``, ``/detokenize`` (``tokens``) and both derenders (``derender``) are answered here
+too, on the same pool, exactly as vLLM answers them without a parser. A chat derender when a
+tool or reasoning parser is configured, the Anthropic and Responses renders and
+``/tokenizer_info`` need vLLM's own code (its parsers, its request conversions): they raise
+``errors.NeedsVllm``, the general backend's turn where vLLM is installed, a 501 naming the image
+that serves them where it is not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import Any, Final
 
 import orjson
@@ -28,29 +29,48 @@ from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import JSON_TYPE, Answer, answer_response
 from mmprep_runtime.settings import Limits
 
-
-def _whole_or_streamed(
-    whole: Callable[[Any, dict[str, Any], str], dict[str, Any]], streamed: Callable[[Any, dict[str, Any], str], dict[str, Any]]
-) -> Callable[[Any, dict[str, Any], str], dict[str, Any]]:
-    def derender_body(tokenizer: Any, body: dict[str, Any], model: str) -> dict[str, Any]:
-        return (streamed if body.get("stream") else whole)(tokenizer, body, model)
-
-    return derender_body
-
-
-#: The derenders the OpenAI front asks of this backend (``call``); the routes stay vLLM's.
-_DERENDERS: Final = {
-    Operation.CHAT_DERENDER: _whole_or_streamed(derender.chat, derender.chat_stream),
-    Operation.COMPLETION_DERENDER: _whole_or_streamed(derender.completion, derender.completion_stream),
+#: The derenders answered here, by the body's ``stream`` whole or streamed.
+_DERENDERS: Final[dict[Operation, derender.Derender]] = {
+    Operation.CHAT_DERENDER: derender.chat_any,
+    Operation.COMPLETION_DERENDER: derender.completion_any,
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class DerenderApi:
+    """A derender route on the engine: each worker decodes with its own tokenizer (a whole answer
+    with logprobs decodes thousands of tokens: off the event loop)."""
+
+    derender: derender.Derender
+    model: ModelFacts
+    large_answer: bool = False
+
+    def decode(self, body: bytes) -> dict[str, Any]:
+        return pipeline.json_object(body)
+
+    def needs_fetch(self, request: dict[str, Any]) -> bool:
+        return False
+
+    async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
+        return request
+
+    def process(self, processor: Any, request: dict[str, Any]) -> dict[str, Any]:
+        return self.derender(patches.tokenizer_of(processor), request, self.model)
+
+    def encode(self, answer: dict[str, Any]) -> bytes:
+        return orjson.dumps(answer)
+
+
 class NativeBackend:
-    def __init__(self, engine: core.Engine, model: ModelFacts, limits: Limits, fetcher: fetching.Fetcher) -> None:
+    def __init__(
+        self, engine: core.Engine, model: ModelFacts, limits: Limits, fetcher: fetching.Fetcher, *, parses_chats: bool = False
+    ) -> None:
         self.engine = engine
         self.model = model
         self.limits = limits
         self.fetcher = fetcher
+        #: A tool or reasoning parser is configured: vLLM's derender parses every chat with it.
+        self.parses_chats = parses_chats
 
     @property
     def workers(self) -> int:
@@ -73,11 +93,22 @@ class NativeBackend:
         return self.engine.pool.no_workers_reason
 
     def _api(self, operation: Operation, request_id: str | None) -> pipeline.Api[Any, Any]:
+        derender_body = self._derender_of(operation)
+        if derender_body is not None:
+            return DerenderApi(derender_body, self.model)
         if operation is Operation.TOKENIZE:
             return tokens.TokenizeApi(self._render_api(Operation.CHAT_RENDER, request_id))
         if operation is Operation.DETOKENIZE:
             return tokens.DetokenizeApi(self._render_api(Operation.CHAT_RENDER, request_id))
         return self._render_api(operation, request_id)
+
+    def _derender_of(self, operation: Operation) -> derender.Derender | None:
+        if operation is Operation.CHAT_DERENDER and self.parses_chats:
+            raise errors.NeedsVllm(
+                "a chat derender with a tool or reasoning parser configured is parsed by vLLM's own code, which this "
+                "server does not have: serve the model from the mmprep-runtime-vllm image (mmprep[vllm])"
+            )
+        return _DERENDERS.get(operation)
 
     def _render_api(self, operation: Operation, request_id: str | None) -> stages.RenderApi:
         if operation not in (Operation.CHAT_RENDER, Operation.COMPLETION_RENDER):
@@ -95,27 +126,18 @@ class NativeBackend:
         return Answer(answer_response(served.payload, JSON_TYPE), served.decode_seconds)
 
     async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
-        derender_body = _DERENDERS.get(operation)
+        derender_body = self._derender_of(operation)
         if derender_body is not None:
-            return Reply(200, orjson.dumps(self._derender(derender_body, body)))
+            # The OpenAI front's own call, one per engine event, on the event loop: an event's few
+            # ids decode in microseconds, and a hop to a worker thread would cost more.
+            return Reply(
+                200,
+                orjson.dumps(derender_body(patches.tokenizer_of(self.engine.processor), pipeline.json_object(body), self.model)),
+            )
         api = self._render_api(operation, request_id)
-        # The front renders to generate and then derender: a request whose answer this backend
-        # cannot derender goes to vLLM's render (the fallback) before any token is generated.
-        try:
-            derender.check(orjson.loads(body))
-        except orjson.JSONDecodeError:
-            pass  # the render answers it
         served = await self.engine.serve(api, body)
         payload = served.payload
         return Reply(200, payload if isinstance(payload, bytes) else payload.joined())
-
-    def _derender(self, derender: Callable[[Any, dict[str, Any], str], dict[str, Any]], body: bytes) -> dict[str, Any]:
-        # The OpenAI front's own call, on the event loop: decoding an event's few ids takes
-        # microseconds, a whole answer's thousand a fraction of a millisecond.
-        parsed = orjson.loads(body)
-        if parsed.get("stream") and not isinstance(parsed.get("stream_state"), (dict, type(None))):
-            raise errors.BadRequest("stream_state must be an object")
-        return derender(patches.tokenizer_of(self.engine.processor), parsed, self.model.served_name)
 
     def info(self) -> dict[str, Any]:
         return {}
