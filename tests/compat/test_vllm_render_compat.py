@@ -18,6 +18,7 @@ import pathlib
 from typing import Any
 
 import pytest
+from support import token_routes
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
 from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 
@@ -138,6 +139,7 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, media_serv
         error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
         errors = (mmprep.post("/v1/chat/completions/render", error_body), vllm.post("/v1/chat/completions/render", error_body))
         return {
+            "token routes": token_routes.exchanges(mmprep, vllm, image=True),
             "statuses": statuses,
             "results": results,
             "models": models,
@@ -193,3 +195,18 @@ def test_errors_have_vllms_shape(compared):
     assert ours_status == theirs_status == 400, (ours, theirs)
     assert set(ours["error"]) == set(theirs["error"]) and ours["error"]["code"] == theirs["error"]["code"]
     assert "video_frame" in ours["error"]["message"]
+
+
+@pytest.mark.parametrize("case", token_routes.CASES)
+def test_tokenize_detokenize_and_derender_answer_what_vllm_answers_without_vllm(compared, case):
+    # This server has no vLLM: its tokenizer and detokenizer answer, in vLLM's stream state.
+    token_routes.assert_each_call_answered_alike(compared["token routes"][case])
+
+
+def test_a_derendered_stream_joins_to_the_whole_answer_without_vllm(compared):
+    token_routes.assert_stream_joins_to_the_whole_answer(compared["token routes"], "qwen2-vl")
+
+
+@pytest.mark.parametrize("case", token_routes.BAD_BODY_CASES)
+def test_a_bad_token_route_body_gets_vllms_status_and_error_shape_without_vllm(compared, case):
+    token_routes.assert_answered_with_vllms_error(compared["token routes"][case])

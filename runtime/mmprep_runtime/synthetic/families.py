@@ -652,6 +652,7 @@ FAMILIES: Final[Mapping[str, Family]] = {
         _onevision_model,
         dataclasses.replace(_qwen_chat(), image="<image>", video="<video>"),
         _ONEVISION_TOKENS,
+        plain_tokens=QWEN_PARSER_TOKENS,
     ),
     "idefics3": Family(_idefics3_processor, _idefics3_model, _IDEFICS3_CHAT, _IDEFICS3_TOKENS, eos_token="<end_of_utterance>"),
     "internvl": Family(
