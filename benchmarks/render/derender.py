@@ -8,8 +8,8 @@ parsers, and with vLLM's Hermes tool parser and Qwen3 reasoning parser
 (``--tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3``):
 - vLLM: ``vllm launch render`` (one process);
 - mmprep: ``mmprep-runtime serve --render-path auto --render-processes 1`` from vLLM's
-  virtualenv (the native path, with vLLM's processing beside it answering derender; with the
-  reasoning parser, vLLM's processing only).
+  virtualenv (the native path, which answers derender itself without a parser; with the reasoning
+  parser, vLLM's processing only).
 
 Per server and answer length (1, 100 and 1,000 output tokens, from vLLM's own ``/tokenize``):
 - whole: one ``/v1/chat/completions/derender`` of the whole answer, repeated;
