@@ -233,11 +233,29 @@ def test_the_native_front_answers_as_the_engines_own_api_without_vllm(
         assert openai_answers.read_stream(ours, leave_out)["usage"] == openai_answers.read_stream(own, leave_out)["usage"]
 
 
-def test_the_native_front_refuses_what_only_vllm_derenders_before_generating(
+def test_the_native_front_answers_logprobs_and_several_choices_as_the_engines_own_api(
     servers: tuple[Server, Server], native_front: Server
 ) -> None:
+    # No vLLM in the front: its render writes the logprobs and n asked for, its derender turns the
+    # engine's ids into the logprobs' strings and bytes, whole and streamed.
     engine, _ = servers
     model = str(engine.get("/v1/models")[1]["data"][0]["id"])
-    for field, value in (("logprobs", True), ("n", 2)):
-        status, answer = native_front.post("/v1/chat/completions", {**_chat(seed=32), "model": model, field: value})
-        assert status == 400 and f"{field}" in answer["error"]["message"], answer
+    chat = {**_chat(seed=32), "model": model, "logprobs": True, "top_logprobs": 2}
+    completion = {"model": model, "prompt": "Once upon", "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2}
+    sampled = {**_chat(seed=33), "model": model, "n": 2, "temperature": 1.0, "seed": 7}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion), ("/v1/chat/completions", sampled)):
+        (own_status, own), (status, ours) = engine.post(path, body), native_front.post(path, body)
+        assert (status, own_status) == (200, 200), (ours, own)
+        assert [c["logprobs"] for c in ours["choices"]] == [c["logprobs"] for c in own["choices"]], path
+        assert ("logprobs" in body) == bool(ours["choices"][0]["logprobs"]), "asked for, they are there"
+        assert len(ours["choices"]) == body.get("n", 1)
+        assert _seen((status, ours)) == _seen((own_status, own)), path
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        own_events, our_events = (
+            openai_answers.events(openai_answers.post(s, path, streamed)[1]) for s in (engine, native_front)
+        )
+        leave_out = ("prompt_tokens_details", "completion_tokens_details")
+        assert (
+            openai_answers.read_stream(our_events, leave_out)["choices"]
+            == openai_answers.read_stream(own_events, leave_out)["choices"]
+        )

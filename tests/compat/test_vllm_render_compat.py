@@ -109,6 +109,18 @@ def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
         "a completion prompt": ("/v1/completions/render", {"prompt": "The quick brown fox", "max_tokens": 5}),
+        "logprobs and several choices": (
+            chat,
+            {
+                "messages": [{"role": "user", "content": [image(one), {"type": "text", "text": "Describe it."}]}],
+                "logprobs": True,
+                "top_logprobs": 2,
+                "n": 2,
+                "seed": 3,
+                "stream": True,
+            },
+        ),
+        "a completion with logprobs": ("/v1/completions/render", {"prompt": "The quick brown fox", "logprobs": 3, "n": 3}),
     }
 
 
@@ -138,7 +150,19 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, media_serv
         models = (mmprep.get("/v1/models"), vllm.get("/v1/models"))
         error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
         errors = (mmprep.post("/v1/chat/completions/render", error_body), vllm.post("/v1/chat/completions/render", error_body))
+        refused = {
+            name: (mmprep.post("/v1/chat/completions/render", body), vllm.post("/v1/chat/completions/render", body))
+            for name, body in (
+                ("top_logprobs without logprobs", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+                (
+                    "more logprobs than allowed",
+                    {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+                ),
+                ("no choice", {"messages": [{"role": "user", "content": "hi"}], "n": 0}),
+            )
+        }
         return {
+            "refused": refused,
             "token routes": token_routes.exchanges(mmprep, vllm, image=True),
             "statuses": statuses,
             "results": results,
@@ -159,6 +183,8 @@ CASE_NAMES = [
     "an image URL",
     "a system prompt and sampling fields",
     "a completion prompt",
+    "logprobs and several choices",
+    "a completion with logprobs",
 ]
 
 
@@ -210,3 +236,10 @@ def test_a_derendered_stream_joins_to_the_whole_answer_without_vllm(compared):
 @pytest.mark.parametrize("case", token_routes.BAD_BODY_CASES)
 def test_a_bad_token_route_body_gets_vllms_status_and_error_shape_without_vllm(compared, case):
     token_routes.assert_answered_with_vllms_error(compared["token routes"][case])
+
+
+@pytest.mark.parametrize("case", ["top_logprobs without logprobs", "no choice"])
+def test_sampling_fields_vllm_refuses_are_refused_alike(compared, case):
+    (ours_status, ours), (theirs_status, theirs) = compared["refused"][case]
+    assert 400 <= theirs_status < 500, (theirs_status, theirs)
+    assert ours_status == theirs_status and set(ours["error"]) == set(theirs["error"]), (ours, theirs)

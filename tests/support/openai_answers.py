@@ -28,8 +28,8 @@ def events(raw: bytes) -> list[Any]:
 
 
 def read_stream(events: list[Any], leave_out: Collection[str] = ()) -> dict[str, Any]:
-    """What an OpenAI client makes of a stream: per choice its joined text, reasoning and tool
-    calls and its finish reason; the usage; the ids the events carried."""
+    """What an OpenAI client makes of a stream: per choice its joined text, reasoning, tool calls
+    and logprobs and its finish reason; the usage; the ids the events carried."""
     assert events and events[-1] == "[DONE]", events[-3:]
     choices: dict[int, dict[str, Any]] = {}
     usage = None
@@ -40,7 +40,8 @@ def read_stream(events: list[Any], leave_out: Collection[str] = ()) -> dict[str,
         if event.get("usage"):
             usage = {k: v for k, v in event["usage"].items() if k not in leave_out}
         for choice in event["choices"]:
-            seen = choices.setdefault(choice["index"], {"text": "", "reasoning": "", "tools": {}, "finish": None})
+            seen = choices.setdefault(choice["index"], {"text": "", "reasoning": "", "tools": {}, "finish": None, "logprobs": []})
+            seen["logprobs"] += _logprob_entries(choice.get("logprobs"))
             delta = choice.get("delta") or {}
             seen["text"] += (delta.get("content") if "delta" in choice else choice.get("text")) or ""
             seen["reasoning"] += delta.get("reasoning") or ""
@@ -51,6 +52,17 @@ def read_stream(events: list[Any], leave_out: Collection[str] = ()) -> dict[str,
                 tool["arguments"] += function.get("arguments") or ""
             seen["finish"] = choice.get("finish_reason") or seen["finish"]
     return {"choices": choices, "usage": usage, "ids": ids}
+
+
+def _logprob_entries(logprobs: Any) -> list[Any]:
+    """A chunk's logprobs, one entry per token: a chat's ``content``, a completion's parallel lists
+    zipped."""
+    if not logprobs:
+        return []
+    if "content" in logprobs:
+        return list(logprobs["content"] or [])
+    fields = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    return [dict(zip(fields, entry, strict=True)) for entry in zip(*(logprobs[f] for f in fields), strict=True)]
 
 
 def metric(server: Server, name: str, **labels: str) -> float:

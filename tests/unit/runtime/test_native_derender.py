@@ -8,6 +8,7 @@ carried, and bad bodies refused with vLLM's status."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mmprep_runtime import errors
-from mmprep_runtime.backends import choice
+from mmprep_runtime.backends import choice, model_facts
 from mmprep_runtime.backends.model_facts import ModelFacts
 from mmprep_runtime.backends.native import derender
 from mmprep_runtime.backends.native.backend import NativeBackend
@@ -240,3 +241,22 @@ def test_with_a_parser_configured_a_chat_derender_is_vllms(vllm_args: list[str],
             native._derender_of(Operation.CHAT_DERENDER)
     else:
         assert native._derender_of(Operation.CHAT_DERENDER) is derender.chat_any
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"generation_config.json": {"eos_token_id": [7, 9]}, "config.json": {"eos_token_id": 2}}, {7, 9}),
+        ({"config.json": {"eos_token_id": 2, "text_config": {"eos_token_id": 3}}}, {3}),
+        ({"config.json": {"eos_token_id": 2}}, {2}),
+        ({}, set()),
+    ],
+)
+def test_the_models_stop_ids_come_from_its_generation_config_or_else_its_config(
+    tmp_path: pathlib.Path, files: dict[str, Any], expected: set[int]
+) -> None:
+    # vLLM reads generation_config.json, or derives one from config.json without it.
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    config = json.loads((tmp_path / "config.json").read_text()) if "config.json" in files else {}
+    assert model_facts._generation_eos(str(tmp_path), config) == expected

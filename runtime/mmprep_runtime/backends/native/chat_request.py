@@ -54,8 +54,6 @@ _UNSUPPORTED_FIELDS: Final = frozenset(
         "chat_template_kwargs",
         "mm_processor_kwargs",
         "media_io_kwargs",
-        "logprobs",
-        "top_logprobs",
         "prompt_logprobs",
         "logit_bias",
         "structured_outputs",
@@ -149,9 +147,8 @@ def _sampling(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
         value = _typed(payload, name, types)
         if value is not None:
             sampling[name] = value
-    if "n" in sampling and sampling["n"] != 1:
-        # vLLM's render passes n on; whether this path writes it the same was never compared.
-        raise errors.BeyondFastPath("'n' other than 1 is rendered by vLLM's code, which this server does not have")
+    if sampling.get("n", 1) < 1:
+        raise errors.BadRequest(f"n must be at least 1, got {sampling['n']}.")
     max_tokens = _typed(payload, "max_completion_tokens", (int,))
     if max_tokens is None:
         max_tokens = _typed(payload, "max_tokens", (int,))
@@ -223,8 +220,37 @@ def _check_reserved(text: str, what: str, reserved: tuple[str, ...]) -> None:
             raise errors.BadRequest(f"{what}: the text contains the reserved image placeholder {token!r}")
 
 
-def _common(payload: Mapping[str, Any]) -> dict[str, Any]:
+def _logprobs(payload: Mapping[str, Any], *, chat: bool) -> int | None:
+    """``SamplingParams.logprobs``: a chat's ``top_logprobs`` when its ``logprobs`` is true, a
+    completion's ``logprobs``; None when not asked. Checked as vLLM's request models check them."""
+    if chat:
+        asked = _typed(payload, "logprobs", (bool,))
+        top = _typed(payload, "top_logprobs", (int,))
+        if top is not None and top < 0 and top != -1:
+            raise errors.BadRequest("`top_logprobs` must be a positive value or -1.")
+        if top is not None and (top == -1 or top > 0) and not asked:
+            raise errors.BadRequest("when using `top_logprobs`, `logprobs` must be set to true.")
+        value = (top or 0) if asked else None
+    else:
+        value = _typed(payload, "logprobs", (int,))
+        if value is not None and value < 0 and value != -1:
+            raise errors.BadRequest("`logprobs` must be a positive value or -1.")
+    if value == -1:
+        raise errors.BeyondFastPath("logprobs of the whole vocabulary (-1) are rendered by vLLM's code")
+    return value
+
+
+#: ``CompletionRequest.max_tokens``' default (a chat's is none: the room left in the context).
+COMPLETION_MAX_TOKENS: Final = 16
+
+
+def _common(payload: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
     sampling, max_tokens = _sampling(payload)
+    if not chat and "max_tokens" not in payload:
+        max_tokens = COMPLETION_MAX_TOKENS
+    logprobs = _logprobs(payload, chat=chat)
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
     priority = _typed(payload, "priority", (int,)) or 0
     return {
         "sampling": sampling,
@@ -273,7 +299,7 @@ def chat_from_payload(payload: Mapping[str, Any], *, reserved: tuple[str, ...] =
         images=tuple(images),
         add_generation_prompt=add_generation_prompt,
         chat=True,
-        **_common(payload),
+        **_common(payload, chat=True),
     )
 
 
@@ -291,5 +317,5 @@ def parse_completion(body: bytes, *, reserved: tuple[str, ...] = ()) -> RenderRe
         images=(),
         add_generation_prompt=False,
         chat=False,
-        **_common(payload),
+        **_common(payload, chat=False),
     )

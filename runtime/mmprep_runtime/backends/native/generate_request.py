@@ -82,6 +82,8 @@ def sampling_params(request: chat_request.RenderRequest, prompt_tokens: int, max
     # int: a max_tokens of 16 (SamplingParams' default) is left out of vLLM's answer.
     if max_tokens != _MAX_TOKENS_DEFAULT:
         params["max_tokens"] = max_tokens
+    if "logprobs" in sampling:
+        params["logprobs"] = sampling["logprobs"]
     params["output_kind"] = _OUTPUT_KIND_DELTA if request.stream else _OUTPUT_KIND_FINAL_ONLY
     params["skip_clone"] = True
     params["bad_words"] = []
