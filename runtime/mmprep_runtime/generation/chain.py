@@ -126,6 +126,18 @@ def _tool_calls_finish(choice: dict[str, Any], request: dict[str, Any]) -> None:
         choice["finish_reason"] = "tool_calls"
 
 
+def _logprob_bytes(choice: Any) -> None:
+    """Every chat logprob with its ``bytes``, as the engine's own API writes them: vLLM's derender
+    leaves them null for an id the tokenizer has no token for (a padded vocabulary's), the
+    engine writes the empty token's bytes."""
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    for entry in content or ():
+        for candidate in [entry, *(entry.get("top_logprobs") or ())]:
+            if candidate.get("bytes") is None and isinstance(candidate.get("token"), str):
+                candidate["bytes"] = list(candidate["token"].encode("utf-8", errors="replace"))
+
+
 def _drop_stop_token(choices: list[Any]) -> None:
     """The last event of a choice the engine ended on a stop token (its EOS, or one of
     ``stop_token_ids``) carries that token's id; the engine's own stream never writes its text,
@@ -235,6 +247,7 @@ class Chain:
                 _cut_at_stop_string(choice)
             if rendered.kind is CHAT:
                 _tool_calls_finish(choice, rendered.original)
+                _logprob_bytes(choice)
         details = _cached_details([a.get("usage") for a in answers])
         if details is not None and isinstance(answer.get("usage"), dict):
             answer["usage"]["prompt_tokens_details"] = details
@@ -335,6 +348,8 @@ class _StreamState:
         event of several, kept for the end."""
         chunk["id"] = self.answer_id
         written = chunk.get("choices") or []
+        for choice in written:
+            _logprob_bytes(choice)
         if self.stops:
             for engine_choice, choice in zip(engine_choices, written, strict=False):
                 holdback = self.held.setdefault((prompt, index), StopHoldback(self.stops, self.include_stop))
