@@ -243,13 +243,16 @@ def test_streams_with_a_stop_string_are_cut_where_the_engines_own_stream_cuts_th
 
 
 def test_a_chats_logprobs_are_answered_as_the_engine_answers_them(servers, model):
-    """Whole: the tokens, their logprobs and the top candidates. (A stream's are not: vLLM's
-    streamed derender writes none where the engine's own stream has them; docs/runtime.md.)"""
+    """Whole: the tokens, their logprobs and the top candidates; streamed, the same joined."""
     engine, tier, _ = servers
     chat = _image_chat(model, image_seed=24, logprobs=True, top_logprobs=2, max_tokens=4)
     (_, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", chat)
     assert status == 200 and _comparable(ours) == _comparable(own)
     assert len(ours["choices"][0]["logprobs"]["content"]) == 4
+    (_, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", {**chat, "stream": True})
+    assert status == 200
+    assert _read(ours)["choices"] == _read(own)["choices"]
+    assert len(_read(ours)["choices"][0]["logprobs"]) == 4
 
 
 def test_a_streamed_completion_and_n_sampled_choices_are_answered_as_the_engine_answers_them(servers, model):

@@ -30,6 +30,7 @@ from typing import Any, Final
 import orjson
 
 from mmprep_runtime import errors
+from mmprep_runtime.backends.native import derender
 from mmprep_runtime.backends.protocol import Operation, RenderBackend, Reply
 from mmprep_runtime.generation.engines import EngineFailed, EnginePool, Generation
 
@@ -172,9 +173,12 @@ class Rendered:
 
 
 class Chain:
-    def __init__(self, renderer: RenderBackend, engines: EnginePool) -> None:
+    def __init__(self, renderer: RenderBackend, engines: EnginePool, tokenizer: Any = None) -> None:
         self.renderer = renderer
         self.engines = engines
+        #: The model's tokenizer, to resolve a streamed chat's logprobs where the installed
+        #: vLLM's derender leaves them out (``_filled_logprobs``); None: never filled.
+        self.tokenizer = tokenizer
 
     async def render(self, kind: Kind, body: bytes, original: dict[str, Any], request_id: str | None) -> Rendered:
         """The render of ``body``; ``Passed`` with the render's own answer when it refuses."""
@@ -291,6 +295,7 @@ class Chain:
                     continue
                 choices = event.get("choices") or []
                 index = int(choices[0].get("index", 0)) if choices else stream.last[prompt]
+                sampled = [list(c.get("token_ids") or ()) for c in choices]
                 _drop_stop_token(choices)
                 body = self._derender_body(
                     derendered,
@@ -306,6 +311,8 @@ class Chain:
                     yield b"data: " + _as_error_json(passed.reply.body, passed.reply.status) + b"\n\n" + DONE
                     return
                 stream.states[(prompt, index)], stream.last[prompt] = answer["stream_state"], index
+                if stream.fills_logprobs and self.tokenizer is not None:
+                    stream.fill_logprobs(self.tokenizer, answer["chunk"], choices, sampled, prompt, rendered.original)
                 chunk = stream.chunk(answer["chunk"], prompt, index, choices, event.get("usage"))
                 if chunk is not None:
                     yield _event(chunk)
@@ -340,6 +347,30 @@ class _StreamState:
         self.held: dict[tuple[int, int], StopHoldback] = {}
         self.usage_chunks: list[dict[str, Any]] = []
         self.engine_usages: list[Any] = []
+        # vLLM 0.32's streamed chat derender with a parser leaves logprobs out; 0.33's resolves
+        # them (and hides them with the reasoning): the same rule fills them where missing.
+        original = rendered.original
+        self.fills_logprobs = (
+            rendered.kind is CHAT and bool(original.get("logprobs")) and original.get("include_reasoning") is not False
+        )
+        self.logprob_context: dict[tuple[int, int], list[int]] = {}
+
+    def fill_logprobs(
+        self,
+        tokenizer: Any,
+        chunk: dict[str, Any],
+        engine_choices: list[Any],
+        sampled: list[list[int]],
+        prompt: int,
+        request: Any,
+    ) -> None:
+        """The engine's logprobs, resolved, on each derendered choice that has none."""
+        for engine_choice, choice, ids in zip(engine_choices, chunk.get("choices") or (), sampled, strict=False):
+            key = (prompt, int(engine_choice.get("index", 0)))
+            context = self.logprob_context.get(key, [])
+            if choice.get("logprobs") is None and isinstance(engine_choice.get("logprobs"), dict):
+                choice["logprobs"] = derender.chat_logprobs(tokenizer, request, engine_choice["logprobs"], context)
+            self.logprob_context[key] = derender.logprob_context(context, ids)
 
     def chunk(
         self, chunk: dict[str, Any], prompt: int, index: int, engine_choices: list[Any], engine_usage: Any

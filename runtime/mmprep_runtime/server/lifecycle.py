@@ -15,6 +15,7 @@ from collections.abc import Callable
 from mmprep_runtime.apis.routing import Serving
 from mmprep_runtime.backends import assembly, model_facts
 from mmprep_runtime.engine import core as engine_module
+from mmprep_runtime.engine import patches
 from mmprep_runtime.generation.chain import Chain
 from mmprep_runtime.server.admission import Admission
 from mmprep_runtime.server.state import ServerState
@@ -44,7 +45,7 @@ def install_engine(
     state.engine = engine
     front = None
     if state.engines is not None:
-        front = Chain(renderer, state.engines)
+        front = Chain(renderer, state.engines, patches.tokenizer_of(engine.processor))
         state.generations = Admission(state.settings.engines.max_in_flight)
     state.serving = Serving(
         engine,

@@ -29,6 +29,7 @@ from support.fake_vllm_engine import (
     answer_until_client_leaves,
     generate_response,
 )
+from transformers import AutoTokenizer
 
 from mmprep_runtime.backends.protocol import Operation, Reply
 from mmprep_runtime.generation import chain
@@ -547,3 +548,27 @@ async def test_closing_the_events_before_the_first_closes_the_engines_stream(set
     await events.aclose()  # type: ignore[attr-defined]
     await asyncio.wait_for(setup.engine.client_left.wait(), WAIT_S)
     assert setup.pool.info()[0]["in_flight"] == 0
+
+
+async def test_a_streamed_chats_logprobs_left_out_by_the_derender_are_resolved_from_the_engines(
+    setup: Setup, qwen_dir: Any
+) -> None:
+    # vLLM 0.32's parsed streamed derender leaves logprobs out; the chain resolves the engine's
+    # with the model's tokenizer, as vLLM 0.33's derender does. Asked with the reasoning hidden,
+    # they stay out (0.33 hides them with it).
+    tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
+    setup.chain.tokenizer = tokenizer
+    ids = tokenizer("Paris is sunny", add_special_tokens=False)["input_ids"]
+
+    def event(token: int, last: bool) -> dict[str, Any]:
+        logprobs = {"content": [{"token_id": token, "logprob": -0.5, "top_logprobs": [{"token_id": token, "logprob": -0.5}]}]}
+        choice = {"index": 0, "token_ids": [token], "finish_reason": "length" if last else None, "logprobs": logprobs}
+        return {"request_id": "g", "choices": [choice]}
+
+    setup.engine.answer = answer_events([event(t, i == len(ids) - 1) for i, t in enumerate(ids)])
+    events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "logprobs": True, "top_logprobs": 1})
+    entries = [e for ev in events[:-1] for c in ev["choices"] for e in (c.get("logprobs") or {}).get("content") or ()]
+    assert "".join(e["token"] for e in entries) == "Paris is sunny"
+    assert all(len(e["top_logprobs"]) == 1 and bytes(e["bytes"]).decode() == e["token"] for e in entries)
+    events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "logprobs": True, "include_reasoning": False})
+    assert all(c.get("logprobs") is None for ev in events[:-1] for c in ev["choices"])

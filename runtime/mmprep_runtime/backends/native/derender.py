@@ -725,6 +725,17 @@ def completion_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -
     return {"chunk": chunk, "stream_state": state}
 
 
+def chat_logprobs(tokenizer: Any, request: dict[str, Any], logprobs: dict[str, Any], context: Sequence[int]) -> dict[str, Any]:
+    """One streamed event's engine logprobs in a chat's shape, as vLLM 0.33's derender resolves
+    them: for a front whose installed vLLM (0.32) leaves a parsed stream's logprobs out."""
+    return _Decoder(tokenizer, _rules(tokenizer, request, chat=True), frozenset()).logprobs(logprobs, context)
+
+
+def logprob_context(context: Sequence[int], ids: Sequence[int]) -> list[int]:
+    """The sampled ids a stream's next logprobs are finished with (the last four)."""
+    return _context_tail(context, ids)
+
+
 Derender = Callable[[Any, dict[str, Any], ModelFacts], dict[str, Any]]
 
 
