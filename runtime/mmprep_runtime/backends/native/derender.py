@@ -591,6 +591,22 @@ class _StreamCall:
         prompt = self.prompt_tokens if self.prompt_tokens is not None else usage.get("prompt_tokens") or 0
         return _usage(prompt, usage.get("completion_tokens") or 0)
 
+    def step(self, state: dict[str, Any], choice: dict[str, Any]) -> tuple[Window, str, int | str | None, dict[str, Any] | None]:
+        """One choice of the event after ``state``: the window it leaves, its text, its stop
+        reason, and its logprobs in a chat's shape (None when the engine sent none)."""
+        text_ids, reason = self.decoder.stop_token_dropped(choice)
+        window = _carried_window(state)
+        text = self.decoder.advance(window, text_ids)
+        logprobs = None
+        if choice.get("logprobs") is not None:
+            logprobs = self.decoder.logprobs(choice["logprobs"], self.state["logprob_context_token_ids"])
+        return window, text, reason, logprobs
+
+    def chunk(self, kind: str, choices: list[dict[str, Any]], tail: dict[str, Any]) -> dict[str, Any]:
+        """The derendered event: vLLM's stream response fields, ``tail`` (each kind's own) last."""
+        head = {"id": self.event["request_id"], "object": kind, "created": int(time.time()), "model": self.name}
+        return {**head, "choices": choices, "usage": self.usage(), "system_fingerprint": None, **tail}
+
 
 def _stream_call(tokenizer: Any, body: dict[str, Any], model: ModelFacts, field: str, *, chat: bool) -> _StreamCall:
     event = _generate_response(body.get("generate_chunk"), "generate_chunk", whole=False)
@@ -636,12 +652,7 @@ def chat_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -> dict
     choices = []
     for choice in call.event["choices"]:
         ids = list(choice.get("token_ids") or ())
-        text_ids, reason = decoder.stop_token_dropped(choice)
-        window = _carried_window(state)
-        text = decoder.advance(window, text_ids)
-        logprobs = None
-        if choice.get("logprobs") is not None:
-            logprobs = decoder.logprobs(choice["logprobs"], before["logprob_context_token_ids"])
+        window, text, reason, logprobs = call.step(state, choice)
         role = None if state["role_sent"] else "assistant"
         state = {
             **_with_window(state, window),
@@ -659,20 +670,9 @@ def chat_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -> dict
                 "weight_versions": None,
             }
         )
-    chunk = {
-        "id": call.event["request_id"],
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": call.name,
-        "choices": choices,
-        "usage": call.usage(),
-        "system_fingerprint": None,
-        "prompt_token_ids": call.event.get("prompt_token_ids") if decoder.rules.return_token_ids else None,
-        "prompt_text": None,
-        "metrics": None,
-        "kv_transfer_params": None,
-    }
-    return {"chunk": chunk, "stream_state": state}
+    prompt_ids = call.event.get("prompt_token_ids") if decoder.rules.return_token_ids else None
+    tail = {"prompt_token_ids": prompt_ids, "prompt_text": None, "metrics": None, "kv_transfer_params": None}
+    return {"chunk": call.chunk("chat.completion.chunk", choices, tail), "stream_state": state}
 
 
 def completion_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -> dict[str, Any]:
@@ -684,13 +684,10 @@ def completion_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -
     ids_back = decoder.rules.return_token_ids
     for choice in call.event["choices"]:
         ids = list(choice.get("token_ids") or ())
-        text_ids, reason = decoder.stop_token_dropped(choice)
-        window = _carried_window(state)
-        text = decoder.advance(window, text_ids)
+        window, text, reason, chat_shaped = call.step(state, choice)
         logprobs = None
         offset = before["logprob_text_offset"] + len(text)
-        if choice.get("logprobs") is not None:
-            chat_shaped = decoder.logprobs(choice["logprobs"], before["logprob_context_token_ids"])
+        if chat_shaped is not None:
             logprobs = _completion_logprobs(chat_shaped, choice["logprobs"], before["logprob_text_offset"])
             if logprobs["tokens"]:
                 offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
@@ -711,18 +708,8 @@ def completion_stream(tokenizer: Any, body: dict[str, Any], model: ModelFacts) -
                 "weight_versions": None,
             }
         )
-    chunk = {
-        "id": call.event["request_id"],
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": call.name,
-        "choices": choices,
-        "usage": call.usage(),
-        "system_fingerprint": None,
-        "metrics": None,
-        "kv_transfer_params": None,
-    }
-    return {"chunk": chunk, "stream_state": state}
+    tail = {"metrics": None, "kv_transfer_params": None}
+    return {"chunk": call.chunk("text_completion", choices, tail), "stream_state": state}
 
 
 def chat_logprobs(tokenizer: Any, request: dict[str, Any], logprobs: dict[str, Any], context: Sequence[int]) -> dict[str, Any]:
