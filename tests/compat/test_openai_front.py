@@ -87,10 +87,8 @@ def servers(
 
 # ----------------------------------------------------------------------------------- comparing
 
-#: Fields that differ by design: made per answer, or vLLM's build, or counted from the cache; and
-#: the reasoning-token count, which the engine's own API counts with its reasoning parser and
-#: neither its generate answer nor vLLM's derender carries (docs/runtime.md lists it).
-_PER_ANSWER: Final = frozenset({"id", "created", "system_fingerprint", "prompt_tokens_details", "completion_tokens_details"})
+#: Fields that differ by design: made per answer, or vLLM's build, or counted from the cache.
+_PER_ANSWER: Final = frozenset({"id", "created", "system_fingerprint", "prompt_tokens_details"})
 
 
 def _read(events: list[Any]) -> dict[str, Any]:
@@ -290,16 +288,21 @@ def test_a_tool_call_is_parsed_as_the_engine_parses_it(servers, model, stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_reasoning_models_answer_is_split_as_the_engine_splits_it(servers, model, stream):
     engine, tier, _ = servers
-    (own_status, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", _forced(model, REASONING_TEXT, stream=stream))
+    usage = {"stream_options": {"include_usage": True}} if stream else {}
+    body = _forced(model, REASONING_TEXT, stream=stream, **usage)
+    (own_status, own), (status, ours) = _both(engine, tier, "/v1/chat/completions", body)
     assert (status, own_status) == (200, 200), (own, ours)
     if not stream:
         assert _comparable(ours) == _comparable(own)
         message = ours["choices"][0]["message"]
         assert "The sky is clear." in message["reasoning"] and message["content"].strip() == "Paris is sunny."
+        # The reasoning tokens, counted by the render process's parser as the engine's by its own.
+        assert ours["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0, ours["usage"]
         return
     read_own, read_ours = _read(own), _read(ours)
-    assert read_ours["choices"] == read_own["choices"]
+    assert read_ours["choices"] == read_own["choices"] and read_ours["usage"] == read_own["usage"]
     assert "The sky is clear." in read_ours["choices"][0]["reasoning"]
+    assert read_ours["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0, read_ours["usage"]
 
 
 def test_an_engines_refusal_is_passed_on_and_a_render_refusal_never_reaches_the_engine(servers, model):

@@ -47,6 +47,11 @@ def parses_chats(vllm_args: Sequence[str]) -> bool:
     return any(option in given for option in PARSER_OPTIONS)
 
 
+def gives_reasoning_parser(vllm_args: Sequence[str]) -> bool:
+    """Whether ``vllm_args`` names a reasoning parser (the engine's API then counts reasoning tokens)."""
+    return "--reasoning-parser" in vllm_option_names(vllm_args)
+
+
 def native_changing_options(vllm_args: Sequence[str]) -> list[str]:
     """Which of ``NATIVE_CHANGING_OPTIONS`` ``vllm_args`` gives (``--name value`` or ``--name=value``)."""
     given = vllm_option_names(vllm_args)

@@ -54,6 +54,9 @@ class WithFallback:
         except (errors.BeyondFastPath, errors.NeedsVllm):
             return await self.fallback.call(operation, body, request_id)
 
+    async def reasoning_tokens(self, chat_request: dict[str, Any], token_ids: list[list[int]]) -> list[int] | None:
+        return await self.fallback.reasoning_tokens(chat_request, token_ids)
+
     def info(self) -> dict[str, Any]:
         return {**self.primary.info(), **self.fallback.info()}
 

@@ -78,6 +78,11 @@ class RenderBackend(Protocol):
         ``answer`` would raise. ``request_id`` is the client's ``X-Request-Id``, as vLLM reads it."""
         ...
 
+    async def reasoning_tokens(self, chat_request: dict[str, Any], token_ids: list[list[int]]) -> list[int] | None:
+        """Each output's reasoning tokens by the configured reasoning parser (the OpenAI front's
+        usage details), or None where no parser counts them."""
+        ...
+
     def info(self) -> dict[str, Any]:
         """What ``/v1/info`` shows of it beside the path chosen."""
         ...

@@ -173,9 +173,14 @@ class Rendered:
 
 
 class Chain:
-    def __init__(self, renderer: RenderBackend, engines: EnginePool, tokenizer: Any = None) -> None:
+    def __init__(
+        self, renderer: RenderBackend, engines: EnginePool, tokenizer: Any = None, *, counts_reasoning: bool = False
+    ) -> None:
         self.renderer = renderer
         self.engines = engines
+        #: A reasoning parser is configured: a chat's usage carries its reasoning tokens, as the
+        #: engine's own API writes them (``completion_tokens_details``).
+        self.counts_reasoning = counts_reasoning
         #: The model's tokenizer, to resolve a streamed chat's logprobs where the installed
         #: vLLM's derender leaves them out (``_filled_logprobs``); None: never filled.
         self.tokenizer = tokenizer
@@ -255,7 +260,20 @@ class Chain:
         details = _cached_details([a.get("usage") for a in answers])
         if details is not None and isinstance(answer.get("usage"), dict):
             answer["usage"]["prompt_tokens_details"] = details
+        if rendered.kind is CHAT and isinstance(answer.get("usage"), dict):
+            outputs = [list(c.get("token_ids") or ()) for c in answers[0].get("choices") or ()]
+            reasoning = await self._reasoning_details(rendered, outputs)
+            if reasoning is not None:
+                answer["usage"]["completion_tokens_details"] = reasoning
         return orjson.dumps(answer)
+
+    async def _reasoning_details(self, rendered: Rendered, outputs: list[list[int]]) -> dict[str, int] | None:
+        """``completion_tokens_details`` of a chat whose choices generated ``outputs``, as the
+        engine's own API counts them with its reasoning parser; None where none is configured."""
+        if not self.counts_reasoning:
+            return None
+        counts = await self.renderer.reasoning_tokens(without_media(rendered.original), outputs)
+        return None if counts is None else {"reasoning_tokens": sum(counts)}
 
     async def open_stream(self, rendered: Rendered) -> AsyncIterator[bytes]:
         """Start generating a streamed request (one engine stream per prompt of a completion);
@@ -313,7 +331,13 @@ class Chain:
                 stream.states[(prompt, index)], stream.last[prompt] = answer["stream_state"], index
                 if stream.fills_logprobs and self.tokenizer is not None:
                     stream.fill_logprobs(self.tokenizer, answer["chunk"], choices, sampled, prompt, rendered.original)
+                for choice, ids in zip(choices, sampled, strict=True):
+                    stream.outputs.setdefault((prompt, int(choice.get("index", 0))), []).extend(ids)
                 chunk = stream.chunk(answer["chunk"], prompt, index, choices, event.get("usage"))
+                if chunk is not None and not choices and isinstance(chunk.get("usage"), dict) and rendered.kind is CHAT:
+                    reasoning = await self._reasoning_details(rendered, list(stream.outputs.values()))
+                    if reasoning is not None:
+                        chunk["usage"]["completion_tokens_details"] = reasoning
                 if chunk is not None:
                     yield _event(chunk)
         except errors.RequestError as exc:
@@ -354,6 +378,8 @@ class _StreamState:
             rendered.kind is CHAT and bool(original.get("logprobs")) and original.get("include_reasoning") is not False
         )
         self.logprob_context: dict[tuple[int, int], list[int]] = {}
+        #: Each choice's output ids so far, for the reasoning-token count of the usage event.
+        self.outputs: dict[tuple[int, int], list[int]] = {}
 
     def fill_logprobs(
         self,
@@ -397,6 +423,10 @@ class _StreamState:
         details = _cached_details([engine_usage])
         if details is not None and isinstance(chunk.get("usage"), dict):
             chunk["usage"]["prompt_tokens_details"] = details
+        if isinstance(chunk.get("usage"), dict) and chunk["usage"].get("completion_tokens_details", {}) is None:
+            # The engine's stream leaves unset usage details out; the reasoning count, where a
+            # parser is configured, is written in their place (``_reasoning_details``).
+            del chunk["usage"]["completion_tokens_details"]
         return chunk
 
     def usage_chunk(self) -> dict[str, Any] | None:

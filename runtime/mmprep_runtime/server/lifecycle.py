@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from mmprep_runtime.apis.routing import Serving
-from mmprep_runtime.backends import assembly, model_facts
+from mmprep_runtime.backends import assembly, choice, model_facts
 from mmprep_runtime.engine import core as engine_module
 from mmprep_runtime.engine import patches
 from mmprep_runtime.generation.chain import Chain
@@ -45,7 +45,8 @@ def install_engine(
     state.engine = engine
     front = None
     if state.engines is not None:
-        front = Chain(renderer, state.engines, patches.tokenizer_of(engine.processor))
+        counts_reasoning = choice.gives_reasoning_parser(state.settings.render.vllm_args)
+        front = Chain(renderer, state.engines, patches.tokenizer_of(engine.processor), counts_reasoning=counts_reasoning)
         state.generations = Admission(state.settings.engines.max_in_flight)
     state.serving = Serving(
         engine,

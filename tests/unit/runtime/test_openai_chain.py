@@ -87,8 +87,15 @@ class FakeRenderer:
     def __init__(self, rendered: Any = RENDERED) -> None:
         self.render_reply = Reply(200, json.dumps(rendered).encode())
         self.calls: list[tuple[Operation, dict[str, Any], str | None]] = []
+        #: What the reasoning count was asked for.
+        self.counted: list[list[list[int]]] = []
         #: The derender call (counted from 1) that is refused, and how.
         self.refuse_derender: tuple[int, Reply] | None = None
+
+    async def reasoning_tokens(self, chat_request: dict[str, Any], token_ids: list[list[int]]) -> list[int] | None:
+        """A stand-in parser: the ids below 8 are reasoning."""
+        self.counted.append(token_ids)
+        return [sum(1 for t in ids if t < 8) for ids in token_ids]
 
     def derenders(self) -> list[dict[str, Any]]:
         return [
@@ -572,3 +579,25 @@ async def test_a_streamed_chats_logprobs_left_out_by_the_derender_are_resolved_f
     assert all(len(e["top_logprobs"]) == 1 and bytes(e["bytes"]).decode() == e["token"] for e in entries)
     events = await _stream(setup, {**CHAT_REQUEST, "stream": True, "logprobs": True, "include_reasoning": False})
     assert all(c.get("logprobs") is None for ev in events[:-1] for c in ev["choices"])
+
+
+async def test_a_chats_usage_carries_its_reasoning_tokens_where_a_reasoning_parser_is_configured(setup: Setup) -> None:
+    # The engine's own API counts them with its parser; neither generate nor derender carries
+    # them: the render backend's parser counts each choice's output ids, whole and streamed.
+    setup.engine.answer = answer_json(generate_response("g", [7, 8, 9], usage=ENGINE_USAGE))
+    answer = json.loads(await setup.chain.whole(await setup.render()))
+    assert "completion_tokens_details" not in answer["usage"] and setup.renderer.counted == []
+    setup.chain.counts_reasoning = True
+    answer = json.loads(await setup.chain.whole(await setup.render()))
+    assert answer["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}
+    assert setup.renderer.counted == [[[7, 8, 9]]]
+    events = [
+        {"request_id": "g", "choices": [{"index": 0, "token_ids": [5, 6], "finish_reason": None}]},
+        {"request_id": "g", "choices": [{"index": 0, "token_ids": [9], "finish_reason": "length"}]},
+        {"request_id": "g", "choices": [], "usage": ENGINE_USAGE},
+    ]
+    setup.engine.answer = answer_events(events)
+    streamed = await _stream(setup, {**CHAT_REQUEST, "stream": True, "stream_options": {"include_usage": True}})
+    [usage] = [e["usage"] for e in streamed[:-1] if e.get("usage")]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 2}
+    assert setup.renderer.counted[-1] == [[5, 6, 9]]

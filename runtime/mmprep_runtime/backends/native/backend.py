@@ -139,6 +139,9 @@ class NativeBackend:
         payload = served.payload
         return Reply(200, payload if isinstance(payload, bytes) else payload.joined())
 
+    async def reasoning_tokens(self, chat_request: dict[str, Any], token_ids: list[list[int]]) -> list[int] | None:
+        return None  # no reasoning parser here: vLLM's (the fallback, where installed) counts them
+
     def info(self) -> dict[str, Any]:
         return {}
 

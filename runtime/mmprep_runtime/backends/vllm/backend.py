@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+import orjson
 from aiohttp import web
 
 from mmprep_runtime.backends.protocol import Operation, Reply
-from mmprep_runtime.backends.vllm import forwarding, worker_pool
+from mmprep_runtime.backends.vllm import forwarding, reasoning_count, worker_pool
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.httpio.messages import Answer
 from mmprep_runtime.settings import RenderSettings
@@ -68,6 +69,14 @@ class VllmBackend:
             headers["X-Request-Id"] = request_id
         method = "GET" if operation is Operation.TOKENIZER_INFO else "POST"
         return await self.forwarder.call(method, operation.value, body, headers)
+
+    async def reasoning_tokens(self, chat_request: dict[str, Any], token_ids: list[list[int]]) -> list[int] | None:
+        body = orjson.dumps({"chat_request": chat_request, "token_ids": token_ids})
+        reply = await self.forwarder.call("POST", reasoning_count.ROUTE, body, {"Content-Type": "application/json"})
+        if reply.status != 200:
+            return None
+        found = orjson.loads(reply.body).get("reasoning_tokens")
+        return [int(n) for n in found] if isinstance(found, list) else None
 
     def info(self) -> dict[str, Any]:
         return {"general": self.pool.info()}

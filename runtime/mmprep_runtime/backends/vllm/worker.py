@@ -36,7 +36,7 @@ import socket
 import sys
 from typing import Any
 
-from mmprep_runtime.backends.vllm import answer_splice, audio_backends, handoff, parsed_streams
+from mmprep_runtime.backends.vllm import answer_splice, audio_backends, handoff, parsed_streams, reasoning_count
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ async def _build_app(args: argparse.Namespace) -> Any:
     await init_render_app_state(vllm_config, app.state, args)
     answer_splice.install()  # the same answers, without their megabytes through a JSON encoder
     audio_backends.install()  # the same audio decoding, without a failed torchcodec load per clip
+    reasoning_count.install(app, getattr(args, "reasoning_parser", None))  # the front's usage details
     return app
 
 
