@@ -182,7 +182,7 @@ class Chain:
         #: engine's own API writes them (``completion_tokens_details``).
         self.counts_reasoning = counts_reasoning
         #: The model's tokenizer, to resolve a streamed chat's logprobs where the installed
-        #: vLLM's derender leaves them out (``_filled_logprobs``); None: never filled.
+        #: vLLM's derender leaves them out (``_StreamState.fill_logprobs``); None: never filled.
         self.tokenizer = tokenizer
 
     async def render(self, kind: Kind, body: bytes, original: dict[str, Any], request_id: str | None) -> Rendered:
@@ -330,11 +330,13 @@ class Chain:
                     return
                 stream.states[(prompt, index)], stream.last[prompt] = answer["stream_state"], index
                 if stream.fills_logprobs and self.tokenizer is not None:
-                    stream.fill_logprobs(self.tokenizer, answer["chunk"], choices, sampled, prompt, rendered.original)
-                for choice, ids in zip(choices, sampled, strict=True):
-                    stream.outputs.setdefault((prompt, int(choice.get("index", 0))), []).extend(ids)
+                    stream.fill_logprobs(self.tokenizer, answer["chunk"], choices, sampled, prompt)
+                counted = self.counts_reasoning and rendered.kind is CHAT
+                if counted:
+                    for choice, ids in zip(choices, sampled, strict=True):
+                        stream.outputs.setdefault((prompt, int(choice.get("index", 0))), []).extend(ids)
                 chunk = stream.chunk(answer["chunk"], prompt, index, choices, event.get("usage"))
-                if chunk is not None and not choices and isinstance(chunk.get("usage"), dict) and rendered.kind is CHAT:
+                if counted and chunk is not None and not choices and isinstance(chunk.get("usage"), dict):
                     reasoning = await self._reasoning_details(rendered, list(stream.outputs.values()))
                     if reasoning is not None:
                         chunk["usage"]["completion_tokens_details"] = reasoning
@@ -373,12 +375,13 @@ class _StreamState:
         self.engine_usages: list[Any] = []
         # vLLM 0.32's streamed chat derender with a parser leaves logprobs out; 0.33's resolves
         # them (and hides them with the reasoning): the same rule fills them where missing.
-        original = rendered.original
+        original = self.original = rendered.original
         self.fills_logprobs = (
             rendered.kind is CHAT and bool(original.get("logprobs")) and original.get("include_reasoning") is not False
         )
         self.logprob_context: dict[tuple[int, int], list[int]] = {}
-        #: Each choice's output ids so far, for the reasoning-token count of the usage event.
+        #: Each choice's output ids so far, for the reasoning-token count of the usage event
+        #: (kept only where a reasoning parser counts them).
         self.outputs: dict[tuple[int, int], list[int]] = {}
 
     def fill_logprobs(
@@ -388,14 +391,13 @@ class _StreamState:
         engine_choices: list[Any],
         sampled: list[list[int]],
         prompt: int,
-        request: Any,
     ) -> None:
         """The engine's logprobs, resolved, on each derendered choice that has none."""
         for engine_choice, choice, ids in zip(engine_choices, chunk.get("choices") or (), sampled, strict=False):
             key = (prompt, int(engine_choice.get("index", 0)))
             context = self.logprob_context.get(key, [])
             if choice.get("logprobs") is None and isinstance(engine_choice.get("logprobs"), dict):
-                choice["logprobs"] = derender.chat_logprobs(tokenizer, request, engine_choice["logprobs"], context)
+                choice["logprobs"] = derender.chat_logprobs(tokenizer, self.original, engine_choice["logprobs"], context)
             self.logprob_context[key] = derender.logprob_context(context, ids)
 
     def chunk(

@@ -128,13 +128,14 @@ class NativeBackend:
     async def call(self, operation: Operation, body: bytes, request_id: str | None) -> Reply:
         derender_body = self._derender_of(operation)
         if derender_body is not None:
-            # The OpenAI front's own call, one per engine event, on the event loop: an event's few
-            # ids decode in microseconds, and a hop to a worker thread would cost more.
-            return Reply(
-                200,
-                orjson.dumps(derender_body(patches.tokenizer_of(self.engine.processor), pipeline.json_object(body), self.model)),
-            )
-        api = self._render_api(operation, request_id)
+            parsed = pipeline.json_object(body)
+            if parsed.get("stream") is True:
+                # One call per engine event, on the event loop: an event's few ids decode in
+                # microseconds, and a hop to a worker thread would cost more. A whole answer
+                # (thousands of ids, logprobs) takes the engine's pool, as the route does.
+                tokenizer = patches.tokenizer_of(self.engine.processor)
+                return Reply(200, orjson.dumps(derender_body(tokenizer, parsed, self.model)))
+        api = self._api(operation, request_id)
         served = await self.engine.serve(api, body)
         payload = served.payload
         return Reply(200, payload if isinstance(payload, bytes) else payload.joined())
