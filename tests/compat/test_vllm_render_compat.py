@@ -243,3 +243,50 @@ def test_sampling_fields_vllm_refuses_are_refused_alike(compared, case):
     (ours_status, ours), (theirs_status, theirs) = compared["refused"][case]
     assert 400 <= theirs_status < 500, (theirs_status, theirs)
     assert ours_status == theirs_status and set(ours["error"]) == set(theirs["error"]), (ours, theirs)
+
+
+@pytest.fixture(scope="module")
+def gemma_compared(vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
+    """Gemma 3 on the native path of the image without vLLM (this virtualenv's transformers, not
+    vLLM's pin) against vLLM's server: the image cases, judged by vLLM's checker."""
+    work = tmp_path_factory.mktemp("compat-gemma3")
+    folder = models.make_model("gemma3", work / "gemma3")
+    vllm = start_vllm(vllm_venv, folder, False, work)
+    mmprep = start_mmprep(folder, False, work)
+    try:
+        mmprep.wait()
+        vllm.wait()
+        manifest: dict[str, list[str]] = {}
+        statuses: dict[str, tuple[int, int]] = {}
+        for name in (*GEMMA_CASES, GEMMA_TOUCHING):
+            path, body = cases(media_server)[name]
+            ours_status, ours = mmprep.post(path, body)
+            theirs_status, theirs = vllm.post(path, body)
+            statuses[name] = (ours_status, theirs_status)
+            slug = name.replace(" ", "-")
+            (work / f"{slug}.ours.json").write_text(json.dumps(ours))
+            (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
+            if ours_status == theirs_status == 200:
+                manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
+        (work / "manifest.json").write_text(json.dumps(manifest))
+        return {"statuses": statuses, "results": vllm_check(vllm_venv, work / "manifest.json"), "work": work}
+    finally:
+        mmprep.stop()
+        vllm.stop()
+
+
+GEMMA_CASES = ["one image", "an image URL", "a system prompt and sampling fields"]
+#: Its three images touch: Gemma 3's image sequences overlap where newlines merge, which vLLM refuses.
+GEMMA_TOUCHING = "three images of different sizes"
+
+
+@pytest.mark.parametrize("case", GEMMA_CASES)
+def test_gemma3_renders_what_vllm_renders_without_vllm(gemma_compared, case):
+    ours_status, theirs_status = gemma_compared["statuses"][case]
+    assert ours_status == theirs_status == 200, f"mmprep {ours_status}, vLLM {theirs_status}; see {gemma_compared['work']}"
+    result = gemma_compared["results"][case]
+    assert result["ok"], "\n".join(result["problems"])
+
+
+def test_gemma3_images_that_touch_are_refused_as_vllm_refuses_them_without_vllm(gemma_compared):
+    assert gemma_compared["statuses"][GEMMA_TOUCHING] == (400, 400)

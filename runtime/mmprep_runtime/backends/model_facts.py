@@ -12,11 +12,16 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from mmprep_runtime.engine import loading
 from mmprep_runtime.engine.loading import ProcessorFacts
 from mmprep_runtime.settings import RenderSettings
+
+#: How the native path lays out a family's images (``native.item_layouts``): Qwen2-VL's patch grids.
+GRID: Final = "grid"
+#: One fixed image sequence per image (Gemma 3 without pan-and-scan).
+SEQUENCE: Final = "sequence"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +39,12 @@ class ModelFacts:
     #: The ids the model's generation config stops on (beside the tokenizer's EOS): derender
     #: leaves such a last token out, as the engine does.
     eos_token_ids: frozenset[int] = frozenset()
+    #: ``GRID`` or ``SEQUENCE``: the native path renders this model's images; None: it does not.
+    item_layout: str | None = None
+    #: ``SEQUENCE``: the ids vLLM puts in place of each image's start token, and the ids of one to
+    #: four newlines (the tokenizer merges them; vLLM splits them again to find the sequence).
+    image_sequence: tuple[int, ...] = ()
+    newline_ids: tuple[int, ...] = ()
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
@@ -82,6 +93,30 @@ def _generation_eos(model: str, config: Mapping[str, Any]) -> frozenset[int]:
     return _ids(text_config.get("eos_token_id", config.get("eos_token_id")))
 
 
+def _image_sequence(processor: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Gemma 3's image sequence and newline ids as vLLM's Gemma 3 code reads them, or None where the
+    native path does not render its images: pan-and-scan (several crops per image, a sequence that
+    varies with the image) or a vocabulary without the newline tokens vLLM looks up."""
+    image_processor = getattr(processor, "image_processor", None)
+    sequence = getattr(processor, "full_image_sequence", None)
+    if image_processor is None or not isinstance(sequence, str) or getattr(image_processor, "do_pan_and_scan", False):
+        return None
+    tokenizer = processor.tokenizer
+    vocab = tokenizer.get_vocab()
+    newlines = tuple(vocab.get("\n" * count) for count in range(1, 5))
+    if any(token is None for token in newlines):
+        return None
+    return tuple(tokenizer.encode(sequence, add_special_tokens=False)), tuple(int(token) for token in newlines)
+
+
+def _item_layout(processor: Any, facts: ProcessorFacts) -> tuple[str | None, tuple[int, ...], tuple[int, ...]]:
+    if facts.processor_class in loading.DEVICE_NORMALIZE_PROCESSORS:
+        return GRID, (), ()
+    if facts.processor_class == "Gemma3Processor" and (found := _image_sequence(processor)) is not None:
+        return SEQUENCE, *found
+    return None, (), ()
+
+
 def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
     config = _model_config(facts.model)
     text_config = config.get("text_config") or config
@@ -91,6 +126,7 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
     token_id = getattr(processor, "image_token_id", None)
     if token_id is None and facts.image_token:
         token_id = processor.tokenizer.convert_tokens_to_ids(facts.image_token)
+    layout, sequence, newlines = _item_layout(processor, facts)
     return ModelFacts(
         model_id=facts.model,
         served_name=settings.served_model_name or facts.model,
@@ -102,4 +138,7 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         and token_id is not None
         and hasattr(getattr(processor, "image_processor", None), "merge_size"),
         eos_token_ids=_generation_eos(facts.model, config),
+        item_layout=layout,
+        image_sequence=sequence,
+        newline_ids=newlines,
     )

@@ -20,16 +20,17 @@ with one ``reshape`` of a permuted view that also repeats each patch ``temporal_
 times. Its inner runs are one patch row (14 pixels), and torch's strided copy spends about 8 ms on
 a 1280x960 image there, a third of the native path's CPU per request. The stand-in makes the same
 bytes in two NumPy copies: the patch rows once, then each whole patch again for its repeats.
-The same class keeps a decoded image in the memory it was decoded into. Decoders write pixels
+The same class, and Gemma 3's torchvision image processor, keep a decoded image in the memory it
+was decoded into. Decoders write pixels
 interleaved (height, width, channel) and hand the processor a channel-first view of them; the
 library's ``process_image`` copies that view into channel-first memory (about 2 ms at 1280x960),
 and torch's antialiased uint8 resize then packs it back into interleaved pixels for its vectorized
-kernel and unpacks its output again. Given the interleaved view it resizes in half the time (the
-same kernel on the same pixels: the same bytes), and ``patchify`` reads any layout.
+kernel and unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved view it
+resizes in half the time (the same kernel on the same pixels: the same bytes), and ``patchify``
+reads any layout.
 An image processor serializes its instance attributes as its config, so these are not bound on
 the instance: the instance's class becomes a subclass of the same name that overrides only
-``patchify`` and ``process_image`` (a deep copy keeps it; the config and the class name stay the
-library's).
+these steps (a deep copy keeps it; the config and the class name stay the library's).
 
 Little for one thread, a lot for the pool: while one worker holds the GIL the other waits. On 2
 cores two workers gave 1.64x one worker before the first two stand-ins; measured in
@@ -86,14 +87,26 @@ def _qwen2_vl_image_processor() -> type | None:
 
 
 @functools.cache
-def _fast_qwen2_vl_image_processor() -> type | None:
-    """The library's Qwen2-VL image processor with the ``patchify`` and ``process_image`` stand-ins,
-    under its name."""
-    library = _qwen2_vl_image_processor()
-    if library is None:
+def _gemma3_image_processor() -> type | None:
+    """transformers' torchvision Gemma 3 image processor, or None if it moved."""
+    try:
+        from transformers.models.gemma3 import image_processing_gemma3
+    except ImportError:  # pragma: no cover - torchvision or the class is missing
         return None
-    steps = {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}
-    return type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})
+    return getattr(image_processing_gemma3, "Gemma3ImageProcessor", None)
+
+
+@functools.cache
+def _image_processor_stand_ins() -> dict[type, type]:
+    """Each library image processor class that has stand-ins -> a subclass of the same name with them."""
+    classes = {}
+    for library, steps in (
+        (_qwen2_vl_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
+        (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image}),
+    ):
+        if library is not None and all(getattr(library, name, None) is not None for name in steps):
+            classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})
+    return classes
 
 
 @functools.cache
@@ -235,7 +248,8 @@ def _process_image(
 ) -> Any:
     import torch
 
-    library = getattr(_qwen2_vl_image_processor(), PROCESS_IMAGE)
+    # The library's step: the class this stand-in's class derives from.
+    library = getattr(type(self).__mro__[1], PROCESS_IMAGE)
     # An RGB image as a channel-first CPU tensor: the library infers the first axis as the channels
     # (the last one is none of 1, 3 or 4), keeps three channels as they are, and only makes the
     # memory contiguous. Everything else is the library's.
@@ -276,27 +290,31 @@ def _bind(target: Any, base: type | None, stand_ins: dict[str, Any]) -> list[str
 
 def apply(processor: Any) -> tuple[str, ...]:
     """Bind the stand-ins where the processor's (and its tokenizer's) class uses the library's
-    steps, and give a Qwen2-VL image processor the class with its two stand-ins; their names. A bare
+    steps, and give a Qwen2-VL or Gemma 3 image processor the class with its stand-ins; their names. A bare
     tokenizer is its own tokenizer (``patches.tokenizer_of``)."""
     mixin = _base()
     applied = _bind(processor, mixin[0] if mixin else None, _STAND_INS)
     applied += _bind(patches.tokenizer_of(processor), _tokenizers_backend(), _TOKENIZER_STAND_INS)
     image_processor = getattr(processor, "image_processor", None)
-    fast = _fast_qwen2_vl_image_processor()
-    # Only the library's own class: a subclass may have its own patchify (or depend on its layout).
-    if fast is not None and image_processor is not None and type(image_processor) is _qwen2_vl_image_processor():
+    # Only the library's own class: a subclass may have its own steps (or depend on their layout).
+    fast = _image_processor_stand_ins().get(type(image_processor))
+    if fast is not None:
         image_processor.__class__ = fast
-        applied += [PATCHIFY, PROCESS_IMAGE]
+        applied += _image_steps(fast)
     return tuple(applied)
+
+
+def _image_steps(fast: type) -> list[str]:
+    return [name for name in (PATCHIFY, PROCESS_IMAGE) if name in vars(fast)]
 
 
 def applied(processor: Any) -> tuple[str, ...]:
     """The stand-ins bound on ``processor`` and its tokenizer (on a clone too: deep copies keep them)."""
     tokenizer = patches.tokenizer_of(processor)
-    image_processor = getattr(processor, "image_processor", None)
-    fast_image_processor = image_processor is not None and type(image_processor) is _fast_qwen2_vl_image_processor()
+    image_class = type(getattr(processor, "image_processor", None))
+    fast_image_processor = image_class in _image_processor_stand_ins().values()
     return tuple(
         [name for name in _STAND_INS if isinstance(vars(processor).get(name), types.MethodType)]
         + [name for name in _TOKENIZER_STAND_INS if isinstance(getattr(tokenizer, "__dict__", {}).get(name), types.MethodType)]
-        + ([PATCHIFY, PROCESS_IMAGE] if fast_image_processor else [])
+        + (_image_steps(image_class) if fast_image_processor else [])
     )

@@ -254,7 +254,7 @@ async def test_preprocess_offers_uint8_pixels(start_render, qwen_dir):
 async def test_a_processor_without_vllms_item_layout_or_a_chat_template_renders_plain_prompts_only(start_render, llava_dir):
     running = await start_render(llava_dir)
     status, answer = await running.render(_chat(_image(_data_uri(media.jpeg(56, 56))), TEXT))
-    assert status == 400 and "renders images for" in answer["error"]["message"], answer
+    assert status == 400 and "does not render LlavaProcessor's images" in answer["error"]["message"], answer
     status, answer = await running.render(_chat(TEXT))
     assert status == 400 and "no chat template" in answer["error"]["message"], answer
     status, answer = await running.render({"prompt": "The quick brown fox"}, "/v1/completions/render")

@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import uuid
-from collections.abc import Mapping
 from typing import Any, Final
 
 from mmprep_runtime import errors
-from mmprep_runtime.backends.model_facts import ModelFacts
-from mmprep_runtime.backends.native import chat_request, wire_format
+from mmprep_runtime.backends import choice
+from mmprep_runtime.backends.model_facts import SEQUENCE, ModelFacts
+from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
-from mmprep_runtime.engine import decoding, loading, patches, pipeline
+from mmprep_runtime.engine import decoding, patches, pipeline
 from mmprep_runtime.engine.loading import ProcessorFacts
 from mmprep_runtime.httpio import fetching
 from mmprep_runtime.settings import Limits
-
-#: Processors whose images this API renders: how vLLM cuts processor outputs into items is
-#: model-specific (Qwen2-VL: rows of ``pixel_values`` by ``image_grid_thw``). Others: text only.
-IMAGE_PROCESSORS: Final = loading.DEVICE_NORMALIZE_PROCESSORS
 
 _RGBA_BACKGROUND: Final = (255, 255, 255)
 
@@ -118,15 +115,6 @@ def _prompt_text(processor: Any, request: chat_request.RenderRequest) -> str:
     return str(text)
 
 
-def _to_model_dtype(tensor: Any, dtype: str | None) -> Any:
-    import torch
-
-    if dtype is None or not tensor.is_floating_point():
-        return tensor
-    target = getattr(torch, dtype, None)
-    return tensor.to(target) if isinstance(target, torch.dtype) else tensor
-
-
 def render(
     processor: Any, request: chat_request.RenderRequest, facts: ProcessorFacts, model: ModelFacts, limits: Limits
 ) -> Rendered:
@@ -153,13 +141,15 @@ def render(
         else:
             outputs = patches.tokenizer_of(processor)(text, return_tensors="pt", add_special_tokens=False)
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
-    # A model without an image token renders no placeholder: the check below then refuses the images.
-    placeholders = (
-        wire_format.placeholder_runs(token_ids, model.image_token_id) if images and model.image_token_id is not None else []
-    )
+    placeholders = _placeholders(token_ids, model) if images else []
     if len(placeholders) != len(images):
         raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)")
-    items = _items(outputs, len(images), model.dtype if not model.device_normalize else None)
+    _check_apart(placeholders)
+    dtype = model.dtype if not model.device_normalize else None
+    if model.item_layout == SEQUENCE:
+        items = item_layouts.sequence_items(outputs, len(images), dtype)
+    else:
+        items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
     return Rendered(token_ids, hashes, placeholders, items, request)
 
@@ -188,27 +178,21 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
 
 
-def _items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[dict[str, wire_format.KwargsElement]]:
-    """One kwargs item per image: its rows of ``pixel_values`` and its row of ``image_grid_thw``."""
-    if not count:
-        return []
-    grid = outputs["image_grid_thw"]
-    pixels = _to_model_dtype(outputs["pixel_values"], dtype)
-    sizes = grid.prod(-1).tolist()
-    slices = []
-    start = 0
-    for size in sizes:
-        slices.append((start, start + int(size)))
-        start += int(size)
-    flat = wire_format.FlatField(tuple(slices))
-    batched = wire_format.BatchedField(keep_on_cpu=True)
-    return [
-        {
-            "pixel_values": wire_format.KwargsElement(pixels[a:b], flat),
-            "image_grid_thw": wire_format.KwargsElement(grid[index], batched),
-        }
-        for index, (a, b) in enumerate(slices)
-    ]
+def _check_apart(placeholders: list[dict[str, int]]) -> None:
+    """vLLM's check of its request features: placeholders in order, none overlapping. Gemma 3's
+    image sequences overlap where two images touch (the newlines between them are one token)."""
+    for before, after in itertools.pairwise(placeholders):
+        if after["offset"] < before["offset"] + before["length"]:
+            raise errors.BadRequest(
+                "mm_placeholders must be globally non-overlapping and sorted: write text between images that touch"
+            )
+
+
+def _placeholders(token_ids: Any, model: ModelFacts) -> list[dict[str, int]]:
+    if model.item_layout == SEQUENCE:
+        return item_layouts.sequence_placeholders(token_ids, model.image_sequence, model.newline_ids)
+    # A model without an image token renders no placeholder: the caller then refuses the images.
+    return wire_format.placeholder_runs(token_ids, model.image_token_id) if model.image_token_id is not None else []
 
 
 # ---- the API over the engine --------------------------------------------------------------------
@@ -243,10 +227,10 @@ class RenderApi:
         check_model(self.model, request.model)
         if request.images and not self.facts.takes_images:
             raise errors.BadRequest(f"this model ({self.facts.processor_class}) takes no images")
-        if request.images and self.facts.processor_class not in IMAGE_PROCESSORS:
+        if request.images and self.model.item_layout is None:
             raise errors.BeyondFastPath(
-                f"the vLLM render API renders images for {', '.join(sorted(IMAGE_PROCESSORS))} only, "
-                f"not {self.facts.processor_class}"
+                f"the native path does not render {self.facts.processor_class}'s images (its families: "
+                f"{', '.join(sorted(choice.NATIVE_FAMILIES))}; Gemma 3 without pan-and-scan)"
             )
         return request
 

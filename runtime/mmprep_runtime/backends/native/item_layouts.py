@@ -1,0 +1,118 @@
+"""Where each image sits in a rendered prompt and what its kwargs item holds, by the family's rules.
+
+vLLM cuts a processor's batched outputs into one item per image and finds each image's
+placeholder in the prompt by rules each of its model files defines; the native path writes the
+same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` defines):
+
+- ``GRID`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): an image's placeholder is a run of its image token,
+  as long as its patch grid; its item is its rows of ``pixel_values`` (``image_grid_thw.prod()``
+  rows, flat) and its row of ``image_grid_thw`` (batched, kept on the CPU).
+- ``SEQUENCE`` (Gemma 3 without pan-and-scan): every image is one fixed-size crop. vLLM replaces
+  the start-of-image token with the same image sequence for each ("\\n\\n<start_of_image>", the soft
+  tokens, "<end_of_image>\\n\\n", tokenized once: ``ModelFacts.image_sequence``) and reports that whole
+  sequence as the placeholder. The tokenizer merges a "\\n\\n" with a neighbouring "\\n" into one
+  token, so vLLM splits the three- and four-newline tokens before it searches for the sequence and
+  reports the offset of the token a match begins in. An item is its row of ``pixel_values`` (flat)
+  and ``num_patches`` (1, batched, kept on the CPU).
+
+Pure functions of the processor's outputs: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mmprep_runtime import errors
+from mmprep_runtime.backends.native import wire_format
+from mmprep_runtime.backends.native.wire_format import KwargsElement
+
+Item = dict[str, KwargsElement]
+
+
+def to_model_dtype(tensor: Any, dtype: str | None) -> Any:
+    """A floating tensor cast to the model's dtype, as vLLM casts processor outputs (others as they are)."""
+    import torch
+
+    if dtype is None or not tensor.is_floating_point():
+        return tensor
+    target = getattr(torch, dtype, None)
+    return tensor.to(target) if isinstance(target, torch.dtype) else tensor
+
+
+def _flat_slices(sizes: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    slices = []
+    start = 0
+    for size in sizes:
+        slices.append((start, start + int(size)))
+        start += int(size)
+    return tuple(slices)
+
+
+def grid_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
+    """One item per image: its rows of ``pixel_values`` and its row of ``image_grid_thw``."""
+    if not count:
+        return []
+    grid = outputs["image_grid_thw"]
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)
+    slices = _flat_slices(grid.prod(-1).tolist())
+    flat = wire_format.FlatField(slices)
+    batched = wire_format.BatchedField(keep_on_cpu=True)
+    return [
+        {
+            "pixel_values": KwargsElement(pixels[a:b], flat),
+            "image_grid_thw": KwargsElement(grid[index], batched),
+        }
+        for index, (a, b) in enumerate(slices)
+    ]
+
+
+def sequence_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
+    """One item per image: ``num_patches`` (one crop each) and its row of ``pixel_values``, in the
+    order vLLM writes them."""
+    import torch
+
+    if not count:
+        return []
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)
+    if len(pixels) != count:
+        raise errors.Unprocessable(f"the processor made {len(pixels)} crops for {count} image(s): one each was expected")
+    flat = wire_format.FlatField(_flat_slices([1] * count))
+    batched = wire_format.BatchedField(keep_on_cpu=True)
+    one = torch.tensor(1, dtype=torch.int64)
+    return [
+        {"num_patches": KwargsElement(one, batched), "pixel_values": KwargsElement(pixels[index : index + 1], flat)}
+        for index in range(count)
+    ]
+
+
+def sequence_placeholders(
+    token_ids: np.ndarray[Any, Any], sequence: Sequence[int], newlines: Sequence[int]
+) -> list[dict[str, int]]:
+    """``[{"offset", "length"}]`` of each image ``sequence`` in ``token_ids``, found as vLLM finds it:
+    left to right, matches not overlapping, with the three- and four-newline tokens (``newlines``:
+    the ids of one to four newlines) split into a one- and a two-newline or two two-newline tokens."""
+    one, two, three, four = newlines
+    ids = token_ids.tolist()
+    split: list[int] = []
+    origin: list[int] = []
+    for index, token in enumerate(ids):
+        parts = (one, two) if token == three else (two, two) if token == four else (token,)
+        split.extend(parts)
+        origin.extend([index] * len(parts))
+    target = list(sequence)
+    found = []
+    start = 0
+    while target:
+        try:
+            begin = split.index(target[0], start)
+        except ValueError:
+            break
+        if split[begin : begin + len(target)] == target:
+            found.append({"offset": origin[begin], "length": len(target)})
+            start = begin + len(target)
+        else:
+            start = begin + 1
+    return found

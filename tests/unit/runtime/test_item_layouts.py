@@ -1,0 +1,80 @@
+"""Where the native path finds each image in a rendered prompt, and which families it renders.
+
+Gemma 3's rule is vLLM's: its image sequence ("\\n\\n", the start token, the soft tokens, the end
+token, "\\n\\n") is searched for left to right after the three- and four-newline tokens the
+tokenizer merges are split again, and a match reports the token it begins in. The compatibility
+suite compares whole answers with vLLM's; these cases pin the rule's corners without a server.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from mmprep_runtime.backends import model_facts
+from mmprep_runtime.backends.native import item_layouts
+from mmprep_runtime.engine import loading
+from mmprep_runtime.settings import ModelSettings, RenderSettings
+from mmprep_runtime.synthetic import models
+
+ONE, TWO, THREE, FOUR = 10, 11, 12, 13
+BOI, SOFT, EOI = 5, 7, 6
+SEQUENCE = (TWO, BOI, SOFT, SOFT, EOI, TWO)
+
+
+def _placeholders(ids: list[int]) -> list[dict[str, int]]:
+    return item_layouts.sequence_placeholders(np.asarray(ids), SEQUENCE, (ONE, TWO, THREE, FOUR))
+
+
+def test_a_sequence_between_words_is_found_where_it_begins() -> None:
+    assert _placeholders([1, 2, *SEQUENCE, 3]) == [{"offset": 2, "length": 6}]
+
+
+def test_a_sequence_whose_newlines_merged_with_the_text_is_found_in_the_merged_token() -> None:
+    # "word\n\n\n" + image + "\n\n\nword": the tokenizer wrote the outer newlines as one token each.
+    ids = [1, FOUR, BOI, SOFT, SOFT, EOI, TWO, 3]
+    assert _placeholders(ids) == [{"offset": 1, "length": 6}]
+
+
+def test_touching_images_share_their_merged_newlines_and_overlap() -> None:
+    ids = [1, TWO, BOI, SOFT, SOFT, EOI, FOUR, BOI, SOFT, SOFT, EOI, TWO]
+    found = _placeholders(ids)
+    assert found == [{"offset": 1, "length": 6}, {"offset": 6, "length": 6}]
+    assert found[1]["offset"] < found[0]["offset"] + found[0]["length"], "vLLM refuses these: the caller checks"
+
+
+def test_a_sequence_broken_by_a_newline_merged_on_its_far_side_is_not_found() -> None:
+    # "\n" + image: "\n\n\n" splits into "\n" and "\n\n", but the end's "\n\n" + "\n" does not split
+    # back into "\n\n" first: vLLM finds nothing either, and the render is refused.
+    assert _placeholders([1, THREE, BOI, SOFT, SOFT, EOI, THREE, 3]) == []
+
+
+def test_each_gemma_item_is_one_crop_and_its_count() -> None:
+    pixels = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    items = item_layouts.sequence_items({"pixel_values": pixels}, 2, "bfloat16")
+    assert [list(item) for item in items] == [["num_patches", "pixel_values"]] * 2
+    assert torch.equal(items[1]["pixel_values"].data, pixels[1:2].to(torch.bfloat16))
+    assert int(items[0]["num_patches"].data) == 1 and items[0]["num_patches"].field.keep_on_cpu
+
+
+def _facts(folder: pathlib.Path) -> model_facts.ModelFacts:
+    processor, facts = loading.load_processor(ModelSettings(model=str(folder)))
+    return model_facts.model_facts(processor, facts, RenderSettings())
+
+
+def test_gemma3_renders_natively_without_pan_and_scan_only(tmp_path: pathlib.Path) -> None:
+    folder = models.make_model("gemma3", tmp_path / "gemma3")
+    facts = _facts(folder)
+    assert facts.item_layout == model_facts.SEQUENCE
+    assert len(facts.image_sequence) == 260 and facts.image_sequence.count(facts.image_sequence[2]) == 256
+    config = folder / "processor_config.json"
+    config.write_text(config.read_text().replace('"size"', '"do_pan_and_scan": true, "size"'))
+    assert _facts(folder).item_layout is None, "several crops per image: vLLM's code renders them"
+
+
+@pytest.mark.parametrize(("kind", "layout"), [("qwen2.5-vl", model_facts.GRID), ("mistral3", None)])
+def test_the_other_layouts_follow_the_family(tmp_path: pathlib.Path, kind: str, layout: str | None) -> None:
+    assert _facts(models.make_model(kind, tmp_path / kind)).item_layout == layout
