@@ -97,7 +97,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--render-path",
         choices=sizing.RENDER_PATHS,
         default=None,
-        help="vLLM render API: auto (the native fast path for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, vLLM's own processing "
+        help="vLLM render API: auto (the native fast path for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3, vLLM's own processing "
         "in worker processes for every other model), native, or general (default: env MMPREP_RENDER_PATH, else auto)",
     )
     serve.add_argument(

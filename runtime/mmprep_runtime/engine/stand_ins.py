@@ -27,7 +27,8 @@ library's ``process_image`` copies that view into channel-first memory (about 2 
 and torch's antialiased uint8 resize then packs it back into interleaved pixels for its vectorized
 kernel and unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved view it
 resizes in half the time (the same kernel on the same pixels: the same bytes), and ``patchify``
-reads any layout.
+reads any layout; Gemma 3's ``rescale_and_normalize`` makes the resized pixels channel-first before
+its float arithmetic, which runs at half speed over interleaved memory.
 An image processor serializes its instance attributes as its config, so these are not bound on
 the instance: the instance's class becomes a subclass of the same name that overrides only
 these steps (a deep copy keeps it; the config and the class name stay the library's).
@@ -59,6 +60,7 @@ CREATE_MM_TOKEN_TYPE_IDS: Final = "create_mm_token_type_ids"
 ENCODE_PLUS: Final = "_encode_plus"
 PATCHIFY: Final = "patchify"
 PROCESS_IMAGE: Final = "process_image"
+RESCALE_AND_NORMALIZE: Final = "rescale_and_normalize"
 _MODALITY_TYPES: Final = (("image", 1), ("video", 2), ("audio", 3))
 
 
@@ -102,7 +104,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
     classes = {}
     for library, steps in (
         (_qwen2_vl_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
-        (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image}),
+        (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
     ):
         if library is not None and all(getattr(library, name, None) is not None for name in steps):
             classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})
@@ -267,6 +269,18 @@ def _process_image(
     return image
 
 
+def _rescale_and_normalize(self: Any, images: Any, *args: Any, **kwargs: Any) -> Any:
+    import torch
+
+    library = getattr(type(self).__mro__[1], RESCALE_AND_NORMALIZE)
+    # The resized images are in the interleaved memory ``process_image`` kept; the library's
+    # subtraction and division (elementwise, exact per element) then run at half speed over it,
+    # broadcasting the channel means across strides. Channel-first memory first: the same values.
+    if isinstance(images, torch.Tensor) and images.device.type == "cpu" and not images.is_contiguous():
+        images = images.contiguous()
+    return library(self, images, *args, **kwargs)
+
+
 #: Stand-ins bound on the processor (``ProcessorMixin``'s steps).
 _STAND_INS: Final = {
     CHECK_SPECIAL_MM_TOKENS: _check_special_mm_tokens,
@@ -305,7 +319,7 @@ def apply(processor: Any) -> tuple[str, ...]:
 
 
 def _image_steps(fast: type) -> list[str]:
-    return [name for name in (PATCHIFY, PROCESS_IMAGE) if name in vars(fast)]
+    return [name for name in (PATCHIFY, PROCESS_IMAGE, RESCALE_AND_NORMALIZE) if name in vars(fast)]
 
 
 def applied(processor: Any) -> tuple[str, ...]:

@@ -203,6 +203,19 @@ def test_the_image_processor_makes_the_library_outputs_from_decoded_tensors(qwen
         _same_outputs(library(images=batch, return_tensors="pt", **kwargs), fast(images=batch, return_tensors="pt", **kwargs))
 
 
+@pytest.mark.parametrize("how", ["jpeg", "interleaved", "channel-first"])
+def test_gemma3s_image_processor_makes_the_library_outputs_from_decoded_tensors(tmp_path, how):
+    folder = models.make_model("gemma3", tmp_path / "gemma3")
+    library = _load(folder, fast=False)[0].image_processor
+    processor, facts = _load(folder, fast=True)
+    assert {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE} <= set(facts.fast_paths)
+    images = [_decoded(w, h, seed, how) for seed, (w, h) in enumerate([(1280, 960), (40, 30), (333, 517), (1280, 960)])]
+    for batch in ([images[0]], images):
+        for kwargs in ({}, {"do_normalize": False, "do_rescale": False}):
+            ours = processor.image_processor(images=batch, return_tensors="pt", **kwargs)
+            _same_outputs(library(images=batch, return_tensors="pt", **kwargs), ours)
+
+
 def test_process_image_leaves_other_inputs_to_the_library(qwen_dir):
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
