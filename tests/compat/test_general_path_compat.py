@@ -53,7 +53,7 @@ MESSAGES = "/v1/messages/render"
 RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families whose processor class has mmprep's native fast path (and the general one beside it).
-NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "gemma3"}
+NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3"}
 
 
 def _image(url: str) -> dict[str, Any]:

@@ -245,12 +245,14 @@ def test_sampling_fields_vllm_refuses_are_refused_alike(compared, case):
     assert ours_status == theirs_status and set(ours["error"]) == set(theirs["error"]), (ours, theirs)
 
 
-@pytest.fixture(scope="module")
-def gemma_compared(vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
-    """Gemma 3 on the native path of the image without vLLM (this virtualenv's transformers, not
+@pytest.fixture(scope="module", params=["gemma3", "glm4v"])
+def family_compared(request: pytest.FixtureRequest, vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
+    """Another native family (Gemma 3: one fixed image sequence per image; GLM-4.1V: Qwen2-VL's
+    grids) on the native path of the image without vLLM (this virtualenv's transformers, not
     vLLM's pin) against vLLM's server: the image cases, judged by vLLM's checker."""
-    work = tmp_path_factory.mktemp("compat-gemma3")
-    folder = models.make_model("gemma3", work / "gemma3")
+    kind = request.param
+    work = tmp_path_factory.mktemp(f"compat-{kind}")
+    folder = models.make_model(kind, work / kind)
     vllm = start_vllm(vllm_venv, folder, False, work)
     mmprep = start_mmprep(folder, False, work)
     try:
@@ -258,7 +260,7 @@ def gemma_compared(vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
         vllm.wait()
         manifest: dict[str, list[str]] = {}
         statuses: dict[str, tuple[int, int]] = {}
-        for name in (*GEMMA_CASES, GEMMA_TOUCHING):
+        for name in (*FAMILY_CASES, TOUCHING):
             path, body = cases(media_server)[name]
             ours_status, ours = mmprep.post(path, body)
             theirs_status, theirs = vllm.post(path, body)
@@ -269,24 +271,29 @@ def gemma_compared(vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
             if ours_status == theirs_status == 200:
                 manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
         (work / "manifest.json").write_text(json.dumps(manifest))
-        return {"statuses": statuses, "results": vllm_check(vllm_venv, work / "manifest.json"), "work": work}
+        results = vllm_check(vllm_venv, work / "manifest.json")
+        return {"kind": kind, "statuses": statuses, "results": results, "work": work}
     finally:
         mmprep.stop()
         vllm.stop()
 
 
-GEMMA_CASES = ["one image", "an image URL", "a system prompt and sampling fields"]
-#: Its three images touch: Gemma 3's image sequences overlap where newlines merge, which vLLM refuses.
-GEMMA_TOUCHING = "three images of different sizes"
+FAMILY_CASES = ["one image", "an image URL", "a system prompt and sampling fields"]
+#: Its three images touch: Gemma 3's image sequences overlap where newlines merge, which vLLM
+#: refuses; GLM-4.1V renders them.
+TOUCHING = "three images of different sizes"
 
 
-@pytest.mark.parametrize("case", GEMMA_CASES)
-def test_gemma3_renders_what_vllm_renders_without_vllm(gemma_compared, case):
-    ours_status, theirs_status = gemma_compared["statuses"][case]
-    assert ours_status == theirs_status == 200, f"mmprep {ours_status}, vLLM {theirs_status}; see {gemma_compared['work']}"
-    result = gemma_compared["results"][case]
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_another_native_family_renders_what_vllm_renders_without_vllm(family_compared, case):
+    ours_status, theirs_status = family_compared["statuses"][case]
+    assert ours_status == theirs_status == 200, f"mmprep {ours_status}, vLLM {theirs_status}; see {family_compared['work']}"
+    result = family_compared["results"][case]
     assert result["ok"], "\n".join(result["problems"])
 
 
-def test_gemma3_images_that_touch_are_refused_as_vllm_refuses_them_without_vllm(gemma_compared):
-    assert gemma_compared["statuses"][GEMMA_TOUCHING] == (400, 400)
+def test_images_that_touch_are_answered_as_vllm_answers_them_without_vllm(family_compared):
+    ours_status, theirs_status = family_compared["statuses"][TOUCHING]
+    assert (ours_status, theirs_status) == ((400, 400) if family_compared["kind"] == "gemma3" else (200, 200))
+    if ours_status == 200:
+        assert family_compared["results"][TOUCHING]["ok"], "\n".join(family_compared["results"][TOUCHING]["problems"])

@@ -18,7 +18,8 @@ from mmprep_runtime.engine import loading
 from mmprep_runtime.engine.loading import ProcessorFacts
 from mmprep_runtime.settings import RenderSettings
 
-#: How the native path lays out a family's images (``native.item_layouts``): Qwen2-VL's patch grids.
+#: How the native path lays out a family's images (``native.item_layouts``): Qwen2-VL's patch grids
+#: (GLM-4.1V's too).
 GRID: Final = "grid"
 #: One fixed image sequence per image (Gemma 3 without pan-and-scan).
 SEQUENCE: Final = "sequence"

@@ -15,20 +15,20 @@ the GIL:
   element at a time (0.14 ms each; through NumPy 0.02 ms).
 
 One stand-in moves pixels rather than ids: ``patchify`` (Qwen2-VL's torchvision image processor,
-which Qwen2.5-VL and Qwen3-VL load too) cuts the resized image into the model's flat patch rows
-with one ``reshape`` of a permuted view that also repeats each patch ``temporal_patch_size``
-times. Its inner runs are one patch row (14 pixels), and torch's strided copy spends about 8 ms on
-a 1280x960 image there, a third of the native path's CPU per request. The stand-in makes the same
-bytes in two NumPy copies: the patch rows once, then each whole patch again for its repeats.
-The same class, and Gemma 3's torchvision image processor, keep a decoded image in the memory it
-was decoded into. Decoders write pixels
-interleaved (height, width, channel) and hand the processor a channel-first view of them; the
-library's ``process_image`` copies that view into channel-first memory (about 2 ms at 1280x960),
-and torch's antialiased uint8 resize then packs it back into interleaved pixels for its vectorized
-kernel and unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved view it
-resizes in half the time (the same kernel on the same pixels: the same bytes), and ``patchify``
-reads any layout; Gemma 3's ``rescale_and_normalize`` makes the resized pixels channel-first before
-its float arithmetic, which runs at half speed over interleaved memory.
+which Qwen2.5-VL and Qwen3-VL load too, and GLM-4.1V's, a copy of the same steps) cuts the resized
+image into the model's flat patch rows with one ``reshape`` of a permuted view that also repeats
+each patch ``temporal_patch_size`` times. Its inner runs are one patch row (14 pixels), and torch's
+strided copy spends about 8 ms on a 1280x960 image there, a third of the native path's CPU per
+request. The stand-in makes the same bytes in two NumPy copies: the patch rows once, then each
+whole patch again for its repeats. The same classes, and Gemma 3's torchvision image processor,
+keep a decoded image in the memory it was decoded into. Decoders write pixels interleaved (height,
+width, channel) and hand the processor a channel-first view of them; the library's
+``process_image`` copies that view into channel-first memory (about 2 ms at 1280x960), and torch's
+antialiased uint8 resize then packs it back into interleaved pixels for its vectorized kernel and
+unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved view it resizes in
+half the time (the same kernel on the same pixels: the same bytes), and ``patchify`` reads any
+layout; Gemma 3's ``rescale_and_normalize`` makes the resized pixels channel-first before its float
+arithmetic, which runs at half speed over interleaved memory.
 An image processor serializes its instance attributes as its config, so these are not bound on
 the instance: the instance's class becomes a subclass of the same name that overrides only
 these steps (a deep copy keeps it; the config and the class name stay the library's).
@@ -89,6 +89,17 @@ def _qwen2_vl_image_processor() -> type | None:
 
 
 @functools.cache
+def _glm4v_image_processor() -> type | None:
+    """transformers' torchvision GLM-4.1V image processor (Qwen2-VL's patches, its own copy of the
+    code), or None if it moved."""
+    try:
+        from transformers.models.glm4v import image_processing_glm4v
+    except ImportError:  # pragma: no cover - torchvision or the class is missing
+        return None
+    return getattr(image_processing_glm4v, "Glm4vImageProcessor", None)
+
+
+@functools.cache
 def _gemma3_image_processor() -> type | None:
     """transformers' torchvision Gemma 3 image processor, or None if it moved."""
     try:
@@ -104,6 +115,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
     classes = {}
     for library, steps in (
         (_qwen2_vl_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
+        (_glm4v_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
         (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
     ):
         if library is not None and all(getattr(library, name, None) is not None for name in steps):
@@ -214,7 +226,7 @@ def _patchify(self: Any, images: Any, patch_size: int, merge_size: int, temporal
     import numpy as np
     import torch
 
-    library = getattr(_qwen2_vl_image_processor(), PATCHIFY)
+    library = getattr(type(self).__mro__[1], PATCHIFY)
     common = (
         isinstance(images, torch.Tensor)
         and images.dim() == 4

@@ -203,12 +203,19 @@ def test_the_image_processor_makes_the_library_outputs_from_decoded_tensors(qwen
         _same_outputs(library(images=batch, return_tensors="pt", **kwargs), fast(images=batch, return_tensors="pt", **kwargs))
 
 
+IMAGE_STAND_INS = {
+    "gemma3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
+    "glm4v": {stand_ins.PROCESS_IMAGE, stand_ins.PATCHIFY},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(IMAGE_STAND_INS))
 @pytest.mark.parametrize("how", ["jpeg", "interleaved", "channel-first"])
-def test_gemma3s_image_processor_makes_the_library_outputs_from_decoded_tensors(tmp_path, how):
-    folder = models.make_model("gemma3", tmp_path / "gemma3")
+def test_other_families_image_processors_make_the_library_outputs_from_decoded_tensors(tmp_path, kind, how):
+    folder = models.make_model(kind, tmp_path / kind)
     library = _load(folder, fast=False)[0].image_processor
     processor, facts = _load(folder, fast=True)
-    assert {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE} <= set(facts.fast_paths)
+    assert IMAGE_STAND_INS[kind] <= set(facts.fast_paths)
     images = [_decoded(w, h, seed, how) for seed, (w, h) in enumerate([(1280, 960), (40, 30), (333, 517), (1280, 960)])]
     for batch in ([images[0]], images):
         for kwargs in ({}, {"do_normalize": False, "do_rescale": False}):

@@ -28,6 +28,7 @@ from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError
         ("auto", "Qwen2_5_VLProcessor", None, "native", False),
         ("auto", "Qwen3VLProcessor", "0.33.0", "native", True),
         ("auto", "Gemma3Processor", "0.33.0", "native", True),
+        ("auto", "Glm4vProcessor", "0.33.0", "native", True),
         ("auto", "PixtralProcessor", "0.33.0", "general", False),
         ("auto", "PixtralProcessor", None, "native", False),
         ("native", "PixtralProcessor", "0.33.0", "native", False),

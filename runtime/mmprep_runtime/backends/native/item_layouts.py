@@ -4,7 +4,7 @@ vLLM cuts a processor's batched outputs into one item per image and finds each i
 placeholder in the prompt by rules each of its model files defines; the native path writes the
 same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` defines):
 
-- ``GRID`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): an image's placeholder is a run of its image token,
+- ``GRID`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V): an image's placeholder is a run of its image token,
   as long as its patch grid; its item is its rows of ``pixel_values`` (``image_grid_thw.prod()``
   rows, flat) and its row of ``image_grid_thw`` (batched, kept on the CPU).
 - ``SEQUENCE`` (Gemma 3 without pan-and-scan): every image is one fixed-size crop. vLLM replaces
