@@ -5,8 +5,8 @@ classes, small tokenizers and the published image sizes), both servers start onc
 folder, from vLLM's virtualenv (``hack/vllm/venv.sh``; mmprep's general path runs vLLM's own
 processing, so it runs there too):
 - ``vllm launch render``, its processor cache off;
-- ``mmprep-runtime serve --render-path auto``: Qwen2.5-VL, Qwen3-VL and Gemma 3 on mmprep's native
-  fast path with the general path beside it for what the fast path does not render (video), every
+- ``mmprep-runtime serve --render-path auto``: Qwen2.5-VL, Qwen3-VL, GLM-4.1V, Gemma 3 and Mistral 3 on
+  mmprep's native fast path with the general path beside it for what the fast path does not render (video), every
   other family on the general path (vLLM's render server in mmprep's worker processes).
 
 Every case goes to both, by the modalities the family takes: one image, images of different sizes
@@ -53,7 +53,7 @@ MESSAGES = "/v1/messages/render"
 RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families whose processor class has mmprep's native fast path (and the general one beside it).
-NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3"}
+NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3"}
 
 
 def _image(url: str) -> dict[str, Any]:
@@ -460,7 +460,7 @@ PROBES: Final = ("/health", "/version", "/v1/models")
 TOKENIZER_INFO: Final = "/tokenizer_info"
 #: Families whose servers both get ``--enable-tokenizer-info-endpoint`` (a native one and a general
 #: one); the others' answer it 404, as vLLM's server does without the flag.
-TOKENIZER_INFO_FAMILIES: Final = ("qwen2.5-vl", "mistral3")
+TOKENIZER_INFO_FAMILIES: Final = ("qwen2.5-vl", "idefics3")
 
 
 def _options(kind: str) -> list[str]:

@@ -245,10 +245,10 @@ def test_sampling_fields_vllm_refuses_are_refused_alike(compared, case):
     assert ours_status == theirs_status and set(ours["error"]) == set(theirs["error"]), (ours, theirs)
 
 
-@pytest.fixture(scope="module", params=["gemma3", "glm4v"])
+@pytest.fixture(scope="module", params=["gemma3", "glm4v", "mistral3"])
 def family_compared(request: pytest.FixtureRequest, vllm_venv, media_server, tmp_path_factory) -> dict[str, Any]:
     """Another native family (Gemma 3: one fixed image sequence per image; GLM-4.1V: Qwen2-VL's
-    grids) on the native path of the image without vLLM (this virtualenv's transformers, not
+    grids; Mistral 3: Pixtral's rows) on the native path of the image without vLLM (this virtualenv's transformers, not
     vLLM's pin) against vLLM's server: the image cases, judged by vLLM's checker."""
     kind = request.param
     work = tmp_path_factory.mktemp(f"compat-{kind}")
@@ -280,7 +280,7 @@ def family_compared(request: pytest.FixtureRequest, vllm_venv, media_server, tmp
 
 FAMILY_CASES = ["one image", "an image URL", "a system prompt and sampling fields"]
 #: Its three images touch: Gemma 3's image sequences overlap where newlines merge, which vLLM
-#: refuses; GLM-4.1V renders them.
+#: refuses; the others render them.
 TOUCHING = "three images of different sizes"
 
 

@@ -23,6 +23,8 @@ from mmprep_runtime.settings import RenderSettings
 GRID: Final = "grid"
 #: One fixed image sequence per image (Gemma 3 without pan-and-scan).
 SEQUENCE: Final = "sequence"
+#: Rows of image tokens, each ended by a break token, the last by an end token (Pixtral: Mistral 3).
+ROWS: Final = "rows"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +42,14 @@ class ModelFacts:
     #: The ids the model's generation config stops on (beside the tokenizer's EOS): derender
     #: leaves such a last token out, as the engine does.
     eos_token_ids: frozenset[int] = frozenset()
-    #: ``GRID`` or ``SEQUENCE``: the native path renders this model's images; None: it does not.
+    #: ``GRID``, ``SEQUENCE`` or ``ROWS``: the native path renders this model's images; None: it does not.
     item_layout: str | None = None
     #: ``SEQUENCE``: the ids vLLM puts in place of each image's start token, and the ids of one to
     #: four newlines (the tokenizer merges them; vLLM splits them again to find the sequence).
     image_sequence: tuple[int, ...] = ()
     newline_ids: tuple[int, ...] = ()
+    #: ``ROWS``: the ids of the image token, the row break and the image's end.
+    row_ids: tuple[int, ...] = ()
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
@@ -110,12 +114,33 @@ def _image_sequence(processor: Any) -> tuple[tuple[int, ...], tuple[int, ...]] |
     return tuple(tokenizer.encode(sequence, add_special_tokens=False)), tuple(int(token) for token in newlines)
 
 
-def _item_layout(processor: Any, facts: ProcessorFacts) -> tuple[str | None, tuple[int, ...], tuple[int, ...]]:
+def _row_ids(processor: Any) -> tuple[int, ...]:
+    """Pixtral's image, row-break and end token ids, or () where any is missing."""
+    names = [getattr(processor, name, None) for name in ("image_token", "image_break_token", "image_end_token")]
+    if not all(isinstance(name, str) for name in names):
+        return ()
+    ids = processor.tokenizer.convert_tokens_to_ids(names)
+    unknown = processor.tokenizer.unk_token_id
+    return tuple(int(i) for i in ids) if all(isinstance(i, int) and i != unknown for i in ids) else ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    name: str | None = None
+    image_sequence: tuple[int, ...] = ()
+    newline_ids: tuple[int, ...] = ()
+    row_ids: tuple[int, ...] = ()
+
+
+def _item_layout(processor: Any, facts: ProcessorFacts) -> _Layout:
+    if facts.processor_class == "PixtralProcessor":
+        rows = _row_ids(processor)
+        return _Layout(ROWS, row_ids=rows) if rows else _Layout()
     if facts.processor_class in loading.DEVICE_NORMALIZE_PROCESSORS:
-        return GRID, (), ()
+        return _Layout(GRID)
     if facts.processor_class == "Gemma3Processor" and (found := _image_sequence(processor)) is not None:
-        return SEQUENCE, *found
-    return None, (), ()
+        return _Layout(SEQUENCE, *found)
+    return _Layout()
 
 
 def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings) -> ModelFacts:
@@ -127,7 +152,7 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
     token_id = getattr(processor, "image_token_id", None)
     if token_id is None and facts.image_token:
         token_id = processor.tokenizer.convert_tokens_to_ids(facts.image_token)
-    layout, sequence, newlines = _item_layout(processor, facts)
+    layout = _item_layout(processor, facts)
     return ModelFacts(
         model_id=facts.model,
         served_name=settings.served_model_name or facts.model,
@@ -135,11 +160,12 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         dtype=_torch_dtype_name(config),
         image_token_id=token_id,
         device_normalize=not settings.normalized_pixels and facts.normalizes_on_device,
-        expands_by_grid=facts.normalizes_on_device
+        expands_by_grid=layout.name == GRID
         and token_id is not None
         and hasattr(getattr(processor, "image_processor", None), "merge_size"),
         eos_token_ids=_generation_eos(facts.model, config),
-        item_layout=layout,
-        image_sequence=sequence,
-        newline_ids=newlines,
+        item_layout=layout.name,
+        image_sequence=layout.image_sequence,
+        newline_ids=layout.newline_ids,
+        row_ids=layout.row_ids,
     )

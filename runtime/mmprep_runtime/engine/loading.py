@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 #: Processors whose image processor can skip rescale/normalize and hand out uint8 pixels for the
 #: GPU to normalize (vLLM's ``supports_mm_device_do_normalize``). A fact of the processor, so the
 #: engine's facts answer it (``ProcessorFacts.normalizes_on_device``) for every HTTP API.
-DEVICE_NORMALIZE_PROCESSORS: Final = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor", "Glm4vProcessor"})
+DEVICE_NORMALIZE_PROCESSORS: Final = frozenset(
+    {"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor", "Glm4vProcessor", "PixtralProcessor"}
+)
 #: What vLLM sets on the processor when it leaves rescale/normalize to the GPU
 #: (``mm_device_do_normalize``, its default for models that support it, Qwen2-VL among them).
 #: It is applied after hashing: it never joins an item's hash.

@@ -20,14 +20,14 @@ image into the model's flat patch rows with one ``reshape`` of a permuted view t
 each patch ``temporal_patch_size`` times. Its inner runs are one patch row (14 pixels), and torch's
 strided copy spends about 8 ms on a 1280x960 image there, a third of the native path's CPU per
 request. The stand-in makes the same bytes in two NumPy copies: the patch rows once, then each
-whole patch again for its repeats. The same classes, and Gemma 3's torchvision image processor,
-keep a decoded image in the memory it was decoded into. Decoders write pixels interleaved (height,
+whole patch again for its repeats. The same classes, and Gemma 3's and Pixtral's torchvision image
+processors, keep a decoded image in the memory it was decoded into. Decoders write pixels interleaved (height,
 width, channel) and hand the processor a channel-first view of them; the library's
 ``process_image`` copies that view into channel-first memory (about 2 ms at 1280x960), and torch's
 antialiased uint8 resize then packs it back into interleaved pixels for its vectorized kernel and
 unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved view it resizes in
 half the time (the same kernel on the same pixels: the same bytes), and ``patchify`` reads any
-layout; Gemma 3's ``rescale_and_normalize`` makes the resized pixels channel-first before its float
+layout; Gemma 3's and Pixtral's ``rescale_and_normalize`` makes the resized pixels channel-first before its float
 arithmetic, which runs at half speed over interleaved memory.
 An image processor serializes its instance attributes as its config, so these are not bound on
 the instance: the instance's class becomes a subclass of the same name that overrides only
@@ -100,6 +100,16 @@ def _glm4v_image_processor() -> type | None:
 
 
 @functools.cache
+def _pixtral_image_processor() -> type | None:
+    """transformers' torchvision Pixtral image processor (Mistral 3's), or None if it moved."""
+    try:
+        from transformers.models.pixtral import image_processing_pixtral
+    except ImportError:  # pragma: no cover - torchvision or the class is missing
+        return None
+    return getattr(image_processing_pixtral, "PixtralImageProcessor", None)
+
+
+@functools.cache
 def _gemma3_image_processor() -> type | None:
     """transformers' torchvision Gemma 3 image processor, or None if it moved."""
     try:
@@ -117,6 +127,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
         (_qwen2_vl_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
         (_glm4v_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
         (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
+        (_pixtral_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
     ):
         if library is not None and all(getattr(library, name, None) is not None for name in steps):
             classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})

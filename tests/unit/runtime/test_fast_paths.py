@@ -206,6 +206,7 @@ def test_the_image_processor_makes_the_library_outputs_from_decoded_tensors(qwen
 IMAGE_STAND_INS = {
     "gemma3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
     "glm4v": {stand_ins.PROCESS_IMAGE, stand_ins.PATCHIFY},
+    "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
 }
 
 

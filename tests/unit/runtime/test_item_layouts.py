@@ -75,6 +75,26 @@ def test_gemma3_renders_natively_without_pan_and_scan_only(tmp_path: pathlib.Pat
     assert _facts(folder).item_layout is None, "several crops per image: vLLM's code renders them"
 
 
-@pytest.mark.parametrize(("kind", "layout"), [("qwen2.5-vl", model_facts.GRID), ("mistral3", None)])
+@pytest.mark.parametrize(
+    ("kind", "layout"), [("qwen2.5-vl", model_facts.GRID), ("mistral3", model_facts.ROWS), ("idefics3", None)]
+)
 def test_the_other_layouts_follow_the_family(tmp_path: pathlib.Path, kind: str, layout: str | None) -> None:
     assert _facts(models.make_model(kind, tmp_path / kind)).item_layout == layout
+
+
+IMG, BRK, END = 7, 8, 9
+
+
+def test_pixtral_rows_are_found_from_the_first_row_token_through_the_end_token() -> None:
+    one = [IMG, IMG, BRK, IMG, IMG, END]
+    ids = np.asarray([1, 3, *one, *one, 4, *one])
+    found = item_layouts.rows_placeholders(ids, (IMG, BRK, END))
+    assert found == [{"offset": 2, "length": 6}, {"offset": 8, "length": 6}, {"offset": 15, "length": 6}]
+    assert item_layouts.rows_placeholders(np.asarray([1, IMG, BRK, IMG, 4]), (IMG, BRK, END)) == [], "no end: no image"
+
+
+def test_each_pixtral_item_is_its_image_without_the_batchs_padding() -> None:
+    pixels = torch.arange(2 * 3 * 6 * 8, dtype=torch.int64).to(torch.uint8).reshape(2, 3, 6, 8)
+    items = item_layouts.rows_items({"pixel_values": pixels, "image_sizes": torch.tensor([[6, 8], [4, 2]])}, 2, None)
+    assert [tuple(item["pixel_values"].data.shape) for item in items] == [(3, 6, 8), (3, 4, 2)]
+    assert torch.equal(items[1]["pixel_values"].data, pixels[1, :, :4, :2]) and items[1]["pixel_values"].data.is_contiguous()

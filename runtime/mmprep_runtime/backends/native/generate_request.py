@@ -119,7 +119,10 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
             "mm_hashes": {"image": rendered.hashes},
             "mm_placeholders": {"image": rendered.placeholders},
             "kwargs_data": {"image": markers},
-            "mm_metadata": {"image": [wire_format.encode_kwargs_item(m) if m else None for m in metadata]},
+            # vLLM writes none where no item keeps a field on the CPU (Pixtral's pixels alone).
+            "mm_metadata": {"image": [wire_format.encode_kwargs_item(m) if m else None for m in metadata]}
+            if any(metadata)
+            else None,
         }
     if request.chat:
         # The template arguments the answer was rendered with, vLLM's server defaults included.

@@ -14,6 +14,9 @@ same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` d
   token, so vLLM splits the three- and four-newline tokens before it searches for the sequence and
   reports the offset of the token a match begins in. An item is its row of ``pixel_values`` (flat)
   and ``num_patches`` (1, batched, kept on the CPU).
+- ``ROWS`` (Pixtral: Mistral 3): an image's placeholder is its rows of image tokens, each row ended
+  by a break token and the last by the image's end token; its item is its own pixels (batched),
+  cut from the processor's batch, which pads every image to the largest.
 
 Pure functions of the processor's outputs: no I/O.
 """
@@ -86,6 +89,33 @@ def sequence_items(outputs: Mapping[str, Any], count: int, dtype: str | None) ->
         {"num_patches": KwargsElement(one, batched), "pixel_values": KwargsElement(pixels[index : index + 1], flat)}
         for index in range(count)
     ]
+
+
+def rows_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
+    """One item per image: its pixels without the batch's padding (``image_sizes``), as vLLM cuts them."""
+    if not count:
+        return []
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)
+    sizes = outputs["image_sizes"].tolist()
+    batched = wire_format.BatchedField()
+    return [
+        {"pixel_values": KwargsElement(pixels[index, :, :height, :width].contiguous(), batched)}
+        for index, (height, width) in enumerate(sizes)
+    ]
+
+
+def rows_placeholders(token_ids: np.ndarray[Any, Any], row_ids: Sequence[int]) -> list[dict[str, int]]:
+    """``[{"offset", "length"}]`` of each image's rows: from its first image or break token through
+    its end token (an image that follows another begins after the other's end token)."""
+    image, row_break, end = row_ids
+    is_row = np.isin(token_ids, (image, row_break))
+    is_end = token_ids == end
+    continues = np.concatenate(([False], is_row[:-1]))  # a row token or a break before: same image
+    starts = np.flatnonzero((is_row | is_end) & ~continues)
+    ends = np.flatnonzero(is_end)
+    if len(starts) != len(ends) or np.any(starts > ends):
+        return []
+    return [{"offset": int(start), "length": int(stop - start + 1)} for start, stop in zip(starts, ends, strict=True)]
 
 
 def sequence_placeholders(

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends import choice
-from mmprep_runtime.backends.model_facts import SEQUENCE, ModelFacts
+from mmprep_runtime.backends.model_facts import ROWS, SEQUENCE, ModelFacts
 from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, patches, pipeline
@@ -148,6 +148,8 @@ def render(
     dtype = model.dtype if not model.device_normalize else None
     if model.item_layout == SEQUENCE:
         items = item_layouts.sequence_items(outputs, len(images), dtype)
+    elif model.item_layout == ROWS:
+        items = item_layouts.rows_items(outputs, len(images), dtype)
     else:
         items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
@@ -191,6 +193,8 @@ def _check_apart(placeholders: list[dict[str, int]]) -> None:
 def _placeholders(token_ids: Any, model: ModelFacts) -> list[dict[str, int]]:
     if model.item_layout == SEQUENCE:
         return item_layouts.sequence_placeholders(token_ids, model.image_sequence, model.newline_ids)
+    if model.item_layout == ROWS:
+        return item_layouts.rows_placeholders(token_ids, model.row_ids)
     # A model without an image token renders no placeholder: the caller then refuses the images.
     return wire_format.placeholder_runs(token_ids, model.image_token_id) if model.image_token_id is not None else []
 
