@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the runtime's vLLM flavor (mmprep-runtime-vllm:$IMAGE_TAG, ~10 GB) and checks that it
 # serves as the operator runs it: non-root, read-only root filesystem, /tmp the only writable
-# place, models mounted read-only. In the image, for a vision family (LLaVA-OneVision) and an audio one
+# place, models mounted read-only. In the image, for a vision family (Idefics3) and an audio one
 # (Qwen2-Audio), both without mmprep's native fast path:
 #   - `probe` reports vLLM's version and the general render path;
 #   - `serve --api vllm-render` answers /version, /v1/info (general path, render processes ready)
@@ -35,7 +35,7 @@ trap cleanup EXIT
 
 py="$repo/.venv/bin/python"
 [ -x "$py" ] || die "no $py: run 'make venv' first (it builds the model folders)"
-for kind in llava-onevision qwen2-audio; do
+for kind in idefics3 qwen2-audio; do
   "$py" -m mmprep_runtime.cli make-model --kind "$kind" --out "$work/models/$kind" >/dev/null
 done
 chmod -R a+rX "$work/models"
@@ -46,7 +46,7 @@ run() {
     --security-opt no-new-privileges -e HF_HUB_OFFLINE=1 -v "$work/models:/models:ro" "$@"
 }
 
-for kind in llava-onevision qwen2-audio; do
+for kind in idefics3 qwen2-audio; do
   log "$kind: probe"
   probe=$(run --rm "$image" probe --model "/models/$kind")
   "$py" - "$probe" <<'PY'
@@ -90,8 +90,8 @@ PY
   docker rm -f "$name" >/dev/null
 done
 
-log "llava-onevision: calibrate"
-report=$(run --rm "$image" calibrate --model /models/llava-onevision --render-path auto --max-workers 2 \
+log "idefics3: calibrate"
+report=$(run --rm "$image" calibrate --model /models/idefics3 --render-path auto --max-workers 2 \
   --image 640x480 --duration 4 --rounds 2 --warmup 1 2>/dev/null | tail -n1)
 "$py" - "$report" <<'PY'
 import json, sys

@@ -1,6 +1,6 @@
 """The calibration of the general render path, with the real vLLM: it measures render processes.
 
-``mmprep-runtime calibrate --render-path auto`` on a LLaVA-OneVision folder (no native fast path: vLLM's
+``mmprep-runtime calibrate --render-path auto`` on a Idefics3 folder (no native fast path: vLLM's
 own processing serves it) from vLLM's virtualenv, as the operator's calibration Job runs it in the
 vLLM image: vLLM's render processes start once, 1..N of them are loaded with real render requests
 (one image each), and the report says it counted render processes, each count with a throughput.
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_general_paths_calibration_measures_render_processes(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    folder = models.make_model("llava-onevision", tmp_path / "llava-onevision")
+    folder = models.make_model("idefics3", tmp_path / "idefics3")
     log = tmp_path / "termination-log"
     command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "calibrate", "--model", str(folder)]
     command += ["--render-path", "auto", "--vllm-args", "--mm-processor-cache-gb 0", "--max-workers", "2"]

@@ -20,7 +20,15 @@ from mmprep_runtime.settings import vllm_option_names
 
 #: Processor classes the native path renders byte-equal to vLLM (images and text).
 NATIVE_FAMILIES: Final = frozenset(
-    {"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor", "Glm4vProcessor", "Gemma3Processor", "PixtralProcessor"}
+    {
+        "Qwen2VLProcessor",
+        "Qwen2_5_VLProcessor",
+        "Qwen3VLProcessor",
+        "Glm4vProcessor",
+        "Gemma3Processor",
+        "PixtralProcessor",
+        "LlavaOnevisionProcessor",
+    }
 )
 
 NATIVE: Final = "native"

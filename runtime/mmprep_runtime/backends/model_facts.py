@@ -25,6 +25,8 @@ GRID: Final = "grid"
 SEQUENCE: Final = "sequence"
 #: Rows of image tokens, each ended by a break token, the last by an end token (Pixtral: Mistral 3).
 ROWS: Final = "rows"
+#: A run of the image token per image, its tiles batched (LLaVA-OneVision).
+TILES: Final = "tiles"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +44,7 @@ class ModelFacts:
     #: The ids the model's generation config stops on (beside the tokenizer's EOS): derender
     #: leaves such a last token out, as the engine does.
     eos_token_ids: frozenset[int] = frozenset()
-    #: ``GRID``, ``SEQUENCE`` or ``ROWS``: the native path renders this model's images; None: it does not.
+    #: ``GRID``, ``SEQUENCE``, ``ROWS`` or ``TILES``: the native path renders this model's images; None: it does not.
     item_layout: str | None = None
     #: ``SEQUENCE``: the ids vLLM puts in place of each image's start token, and the ids of one to
     #: four newlines (the tokenizer merges them; vLLM splits them again to find the sequence).
@@ -138,6 +140,8 @@ def _item_layout(processor: Any, facts: ProcessorFacts) -> _Layout:
         return _Layout(ROWS, row_ids=rows) if rows else _Layout()
     if facts.processor_class in loading.DEVICE_NORMALIZE_PROCESSORS:
         return _Layout(GRID)
+    if facts.processor_class == "LlavaOnevisionProcessor":
+        return _Layout(TILES)
     if facts.processor_class == "Gemma3Processor" and (found := _image_sequence(processor)) is not None:
         return _Layout(SEQUENCE, *found)
     return _Layout()

@@ -110,6 +110,16 @@ def _pixtral_image_processor() -> type | None:
 
 
 @functools.cache
+def _onevision_image_processor() -> type | None:
+    """transformers' torchvision LLaVA-OneVision image processor, or None if it moved."""
+    try:
+        from transformers.models.llava_onevision import image_processing_llava_onevision
+    except ImportError:  # pragma: no cover - torchvision or the class is missing
+        return None
+    return getattr(image_processing_llava_onevision, "LlavaOnevisionImageProcessor", None)
+
+
+@functools.cache
 def _gemma3_image_processor() -> type | None:
     """transformers' torchvision Gemma 3 image processor, or None if it moved."""
     try:
@@ -128,6 +138,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
         (_glm4v_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
         (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
         (_pixtral_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
+        (_onevision_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
     ):
         if library is not None and all(getattr(library, name, None) is not None for name in steps):
             classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})

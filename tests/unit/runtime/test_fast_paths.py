@@ -207,6 +207,7 @@ IMAGE_STAND_INS = {
     "gemma3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
     "glm4v": {stand_ins.PROCESS_IMAGE, stand_ins.PATCHIFY},
     "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
+    "llava-onevision": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
 }
 
 

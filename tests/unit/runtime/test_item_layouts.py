@@ -76,7 +76,14 @@ def test_gemma3_renders_natively_without_pan_and_scan_only(tmp_path: pathlib.Pat
 
 
 @pytest.mark.parametrize(
-    ("kind", "layout"), [("qwen2.5-vl", model_facts.GRID), ("mistral3", model_facts.ROWS), ("idefics3", None)]
+    ("kind", "layout"),
+    [
+        ("qwen2.5-vl", model_facts.GRID),
+        ("glm4v", model_facts.GRID),
+        ("mistral3", model_facts.ROWS),
+        ("llava-onevision", model_facts.TILES),
+        ("idefics3", None),
+    ],
 )
 def test_the_other_layouts_follow_the_family(tmp_path: pathlib.Path, kind: str, layout: str | None) -> None:
     assert _facts(models.make_model(kind, tmp_path / kind)).item_layout == layout

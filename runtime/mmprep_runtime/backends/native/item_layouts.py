@@ -17,6 +17,9 @@ same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` d
 - ``ROWS`` (Pixtral: Mistral 3): an image's placeholder is its rows of image tokens, each row ended
   by a break token and the last by the image's end token; its item is its own pixels (batched),
   cut from the processor's batch, which pads every image to the largest.
+- ``TILES`` (LLaVA-OneVision): an image's placeholder is a run of its image token; its item is its
+  row of the processor's ``pixel_values`` (its tiles, padded to the batch's most, as vLLM keeps
+  them) and of ``image_sizes`` (kept on the CPU).
 
 Pure functions of the processor's outputs: no I/O.
 """
@@ -101,6 +104,21 @@ def rows_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> lis
     return [
         {"pixel_values": KwargsElement(pixels[index, :, :height, :width].contiguous(), batched)}
         for index, (height, width) in enumerate(sizes)
+    ]
+
+
+def tiles_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
+    """One item per image: its row of ``pixel_values`` and of ``image_sizes``."""
+    if not count:
+        return []
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)
+    sizes = outputs["image_sizes"]
+    return [
+        {
+            "pixel_values": KwargsElement(pixels[index], wire_format.BatchedField()),
+            "image_sizes": KwargsElement(sizes[index], wire_format.BatchedField(keep_on_cpu=True)),
+        }
+        for index in range(count)
     ]
 
 

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends import choice
-from mmprep_runtime.backends.model_facts import ROWS, SEQUENCE, ModelFacts
+from mmprep_runtime.backends.model_facts import ROWS, SEQUENCE, TILES, ModelFacts
 from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, patches, pipeline
@@ -142,6 +142,9 @@ def render(
             outputs = patches.tokenizer_of(processor)(text, return_tensors="pt", add_special_tokens=False)
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
     placeholders = _placeholders(token_ids, model) if images else []
+    if len(placeholders) < len(images) and model.item_layout == TILES:
+        # Touching images make one run; vLLM tells them apart by each one's token count.
+        raise errors.BeyondFastPath("images whose placeholders touch are rendered by vLLM's code")
     if len(placeholders) != len(images):
         raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)")
     _check_apart(placeholders)
@@ -150,6 +153,8 @@ def render(
         items = item_layouts.sequence_items(outputs, len(images), dtype)
     elif model.item_layout == ROWS:
         items = item_layouts.rows_items(outputs, len(images), dtype)
+    elif model.item_layout == TILES:
+        items = item_layouts.tiles_items(outputs, len(images), dtype)
     else:
         items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
