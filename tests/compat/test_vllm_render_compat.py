@@ -124,6 +124,26 @@ def cases(image_url: str) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+def _judged(
+    mmprep: Server, vllm: Server, chosen: dict[str, tuple[str, dict[str, Any]]], venv: pathlib.Path, work: pathlib.Path
+) -> tuple[dict[str, tuple[int, int]], dict[str, Any]]:
+    """Each case sent to both servers: the statuses, and vLLM's checker's verdict on each pair both
+    answered (run once over all of them)."""
+    manifest: dict[str, list[str]] = {}
+    statuses: dict[str, tuple[int, int]] = {}
+    for name, (path, body) in chosen.items():
+        ours_status, ours = mmprep.post(path, body)
+        theirs_status, theirs = vllm.post(path, body)
+        statuses[name] = (ours_status, theirs_status)
+        slug = name.replace(" ", "-")
+        (work / f"{slug}.ours.json").write_text(json.dumps(ours))
+        (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
+        if ours_status == theirs_status == 200:
+            manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
+    (work / "manifest.json").write_text(json.dumps(manifest))
+    return statuses, vllm_check(venv, work / "manifest.json")
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["uint8", "normalized"])
 def compared(request: pytest.FixtureRequest, vllm_venv, render_model, media_server, tmp_path_factory) -> dict[str, Any]:
     """Both servers up on one folder; every case sent to both; vLLM's checker run once over all."""
@@ -134,19 +154,7 @@ def compared(request: pytest.FixtureRequest, vllm_venv, render_model, media_serv
     try:
         mmprep.wait()
         vllm.wait()
-        manifest: dict[str, list[str]] = {}
-        statuses: dict[str, tuple[int, int]] = {}
-        for name, (path, body) in cases(media_server).items():
-            ours_status, ours = mmprep.post(path, body)
-            theirs_status, theirs = vllm.post(path, body)
-            statuses[name] = (ours_status, theirs_status)
-            slug = name.replace(" ", "-")
-            (work / f"{slug}.ours.json").write_text(json.dumps(ours))
-            (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
-            if ours_status == theirs_status == 200:
-                manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
-        (work / "manifest.json").write_text(json.dumps(manifest))
-        results = vllm_check(vllm_venv, work / "manifest.json")
+        statuses, results = _judged(mmprep, vllm, cases(media_server), vllm_venv, work)
         models = (mmprep.get("/v1/models"), vllm.get("/v1/models"))
         error_body = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
         errors = (mmprep.post("/v1/chat/completions/render", error_body), vllm.post("/v1/chat/completions/render", error_body))
@@ -259,20 +267,8 @@ def family_compared(request: pytest.FixtureRequest, vllm_venv, media_server, tmp
     try:
         mmprep.wait()
         vllm.wait()
-        manifest: dict[str, list[str]] = {}
-        statuses: dict[str, tuple[int, int]] = {}
-        for name in (*FAMILY_CASES, TOUCHING):
-            path, body = cases(media_server)[name]
-            ours_status, ours = mmprep.post(path, body)
-            theirs_status, theirs = vllm.post(path, body)
-            statuses[name] = (ours_status, theirs_status)
-            slug = name.replace(" ", "-")
-            (work / f"{slug}.ours.json").write_text(json.dumps(ours))
-            (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
-            if ours_status == theirs_status == 200:
-                manifest[name] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
-        (work / "manifest.json").write_text(json.dumps(manifest))
-        results = vllm_check(vllm_venv, work / "manifest.json")
+        chosen = {name: case for name, case in cases(media_server).items() if name in (*FAMILY_CASES, TOUCHING)}
+        statuses, results = _judged(mmprep, vllm, chosen, vllm_venv, work)
         return {"kind": kind, "statuses": statuses, "results": results, "work": work}
     finally:
         mmprep.stop()

@@ -50,6 +50,7 @@ that overrides a step keeps its own.
 from __future__ import annotations
 
 import functools
+import importlib
 import types
 from typing import Any, Final
 
@@ -78,69 +79,32 @@ def _base() -> tuple[type, str] | None:
     return mixin, marker
 
 
-@functools.cache
-def _qwen2_vl_image_processor() -> type | None:
-    """transformers' torchvision Qwen2-VL image processor, or None if it moved."""
+def _library_class(module: str, name: str) -> type | None:
+    """transformers' class ``name`` from ``transformers.models.{module}``, or None if it moved."""
     try:
-        from transformers.models.qwen2_vl import image_processing_qwen2_vl
+        found = getattr(importlib.import_module(f"transformers.models.{module}"), name, None)
     except ImportError:  # pragma: no cover - torchvision or the class is missing
         return None
-    return getattr(image_processing_qwen2_vl, "Qwen2VLImageProcessor", None)
-
-
-@functools.cache
-def _glm4v_image_processor() -> type | None:
-    """transformers' torchvision GLM-4.1V image processor (Qwen2-VL's patches, its own copy of the
-    code), or None if it moved."""
-    try:
-        from transformers.models.glm4v import image_processing_glm4v
-    except ImportError:  # pragma: no cover - torchvision or the class is missing
-        return None
-    return getattr(image_processing_glm4v, "Glm4vImageProcessor", None)
-
-
-@functools.cache
-def _pixtral_image_processor() -> type | None:
-    """transformers' torchvision Pixtral image processor (Mistral 3's), or None if it moved."""
-    try:
-        from transformers.models.pixtral import image_processing_pixtral
-    except ImportError:  # pragma: no cover - torchvision or the class is missing
-        return None
-    return getattr(image_processing_pixtral, "PixtralImageProcessor", None)
-
-
-@functools.cache
-def _onevision_image_processor() -> type | None:
-    """transformers' torchvision LLaVA-OneVision image processor, or None if it moved."""
-    try:
-        from transformers.models.llava_onevision import image_processing_llava_onevision
-    except ImportError:  # pragma: no cover - torchvision or the class is missing
-        return None
-    return getattr(image_processing_llava_onevision, "LlavaOnevisionImageProcessor", None)
-
-
-@functools.cache
-def _gemma3_image_processor() -> type | None:
-    """transformers' torchvision Gemma 3 image processor, or None if it moved."""
-    try:
-        from transformers.models.gemma3 import image_processing_gemma3
-    except ImportError:  # pragma: no cover - torchvision or the class is missing
-        return None
-    return getattr(image_processing_gemma3, "Gemma3ImageProcessor", None)
+    return found if isinstance(found, type) else None
 
 
 @functools.cache
 def _image_processor_stand_ins() -> dict[type, type]:
     """Each library image processor class that has stand-ins -> a subclass of the same name with them."""
+    pixels = {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}
+    patches_too = {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}
+    # By module under transformers.models and class; GLM-4.1V's is its own copy of Qwen2-VL's steps.
+    image_processors: list[tuple[str, str, dict[str, Any]]] = [
+        ("qwen2_vl.image_processing_qwen2_vl", "Qwen2VLImageProcessor", patches_too),
+        ("glm4v.image_processing_glm4v", "Glm4vImageProcessor", patches_too),
+        ("gemma3.image_processing_gemma3", "Gemma3ImageProcessor", pixels),
+        ("pixtral.image_processing_pixtral", "PixtralImageProcessor", pixels),
+        ("llava_onevision.image_processing_llava_onevision", "LlavaOnevisionImageProcessor", pixels),
+    ]
     classes = {}
-    for library, steps in (
-        (_qwen2_vl_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
-        (_glm4v_image_processor(), {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}),
-        (_gemma3_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
-        (_pixtral_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
-        (_onevision_image_processor(), {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}),
-    ):
-        if library is not None and all(getattr(library, name, None) is not None for name in steps):
+    for module, name, steps in image_processors:
+        library = _library_class(module, name)
+        if library is not None and all(getattr(library, step, None) is not None for step in steps):
             classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})
     return classes
 
