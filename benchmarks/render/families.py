@@ -9,8 +9,8 @@ same folder on the same cores (the whole machine, nothing pinned) and get the sa
   with its share of the connections, all at once; and one such process alone, with all the
   connections (a secondary figure);
 - mmprep: ``mmprep-runtime serve --render-path auto`` from vLLM's virtualenv, its cache off too:
-  the native fast path for Qwen2.5-VL, vLLM's own processing in one render process per core for
-  every other family (the general path).
+  the native path for the families that have one (``backends.choice.NATIVE_FAMILIES``), vLLM's
+  own processing in one render process per core for every other family (the general path).
 An audio family also gets a third server, vLLM's with torchcodec hidden (``hidden_torchcodec``), to
 tell what mmprep gains from decoding without torchcodec's failed per-clip load (its render
 processes try torchcodec once) from what it gains otherwise. Per family also: the share of the

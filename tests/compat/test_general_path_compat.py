@@ -38,7 +38,7 @@ import pytest
 from support import openai_answers, token_routes
 from support.kube import REPO
 from support.render_servers import Server, data_uri, rgba_png, vllm_check
-from support.servers import free_port, vllm_render_command, vllm_render_env
+from support.servers import free_port, runtime_command, vllm_render_command, vllm_render_env
 from support.tools import WEATHER_TOOL
 
 from mmprep_runtime.synthetic import families, media, models
@@ -55,6 +55,10 @@ RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families served on mmprep's native fast path here (and the general one beside it).
 NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3"}
+#: Native families whose images are also rendered by mmprep without vLLM (the default image: this
+#: virtualenv's transformers, not vLLM's pin) and judged against vLLM's answers; Qwen2-VL's are in
+#: test_vllm_render_compat.
+WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision")
 #: A native family whose options here (``PARSERS``: a reasoning parser) send it to vLLM's processing;
 #: test_vllm_render_compat compares its native path with vLLM's.
 SENT_TO_VLLM = {"llava-onevision"}
@@ -132,10 +136,15 @@ GEMMA_UNRENDERABLE: Final = {
 }
 
 
-def _gemma_unrenderable() -> dict[str, dict[str, Any]]:
+def _touching_images() -> dict[str, Any]:
     one, two = data_uri(media.jpeg(320, 240, seed=6), "image/jpeg"), data_uri(media.jpeg(200, 300, seed=7), "image/jpeg")
+    return _user(_image(one), _image(two), _text("Compare them."))
+
+
+def _gemma_unrenderable() -> dict[str, dict[str, Any]]:
+    one = data_uri(media.jpeg(320, 240, seed=6), "image/jpeg")
     return {
-        "two images that touch": _user(_image(one), _image(two), _text("Compare them.")),
+        "two images that touch": _touching_images(),
         "a newline right before an image": _user(_text("Look:\n"), _image(one), _text("\nWhat is it?")),
     }
 
@@ -291,6 +300,19 @@ def _mmprep(venv: pathlib.Path, model: pathlib.Path, log: pathlib.Path, options:
     return Server("mmprep", command, env, "/health", log)
 
 
+def _as_vllms_parsers_leave_it(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The body for the image without vLLM, which takes no parser: where this family's vLLM server
+    has a reasoning parser, that parser keeps special tokens in the output (``skip_special_tokens``
+    false in the rendered sampling parameters), so the request asks for it itself."""
+    return {**body, "skip_special_tokens": False} if "--reasoning-parser" in PARSERS.get(kind, ()) else body
+
+
+def _mmprep_without_vllm(model: pathlib.Path, log: pathlib.Path) -> Server:
+    """mmprep as the default image runs it: this virtualenv (no vLLM; its own transformers)."""
+    command = [*runtime_command(), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(free_port())]
+    return Server("mmprep without vLLM", [*command, "--fetch-allowed-networks", "127.0.0.1/32"], dict(os.environ), "/health", log)
+
+
 def _vllm(venv: pathlib.Path, model: pathlib.Path, log: pathlib.Path, options: list[str]) -> Server:
     command = vllm_render_command(venv, model, free_port(), normalized=False, options=options)
     return Server("vLLM render", command, vllm_render_env(), "/health", log)
@@ -305,15 +327,20 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
     found: dict[str, Any] = {"statuses": {}, "info": {}, "errors": {}, "work": work}
     found.update({"corrupt audio": {}, "after corrupt audio": {}, "token routes": {}, "native token jobs": {}, "probes": {}})
     found["native renders"] = {}
+    found["without vLLM"] = {}
+    found["touching without vLLM"] = {}
     for kind in FAMILIES:
         folder = models.make_model(kind, work / kind)
         vllm, mmprep = (
             _vllm(vllm_venv, folder, work / f"{kind}.vllm.log", _options(kind)),
             _mmprep(vllm_venv, folder, work / f"{kind}.mmprep.log", _options(kind)),
         )
+        plain = _mmprep_without_vllm(folder, work / f"{kind}.plain.log") if kind in WITHOUT_VLLM else None
         try:
             vllm.wait()
             mmprep.wait()
+            if plain is not None:
+                plain.wait()
             found["info"][kind] = mmprep.get("/v1/info")[1]
             found["probes"][kind] = {path: (mmprep.get(path), vllm.get(path)) for path in (*PROBES, TOKENIZER_INFO)}
             for name, (path, body) in cases(kind, media_server).items():
@@ -329,6 +356,15 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
                 (work / f"{slug}.vllm.json").write_text(json.dumps(theirs))
                 if ours_status == theirs_status == 200:
                     manifest[f"{kind}: {name}"] = [str(work / f"{slug}.ours.json"), str(work / f"{slug}.vllm.json")]
+                if plain is not None and (kind, name) in WITHOUT_VLLM_CASES:
+                    plain_status, answer = plain.post(path, _as_vllms_parsers_leave_it(kind, body))
+                    found["without vLLM"][(kind, name)] = (plain_status, theirs_status, json.dumps(answer)[:1500])
+                    (work / f"{slug}.plain.json").write_text(json.dumps(answer))
+                    if plain_status == theirs_status == 200:
+                        manifest[f"{kind}: {name}, without vLLM"] = [
+                            str(work / f"{slug}.plain.json"),
+                            str(work / f"{slug}.vllm.json"),
+                        ]
             image = bool(families.FAMILIES[kind].chat.image)
             found["token routes"][kind] = token_routes.exchanges(mmprep, vllm, image=image)
             jobs = openai_answers.metric(mmprep, "mmprep_processing_seconds_count")
@@ -347,6 +383,15 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
                 )
             bad = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
             found["errors"][kind] = (mmprep.post(CHAT, bad), vllm.post(CHAT, bad))
+            if plain is not None:
+                touching = _touching_images()
+                (plain_status, answer), (theirs_status, theirs) = plain.post(CHAT, touching), vllm.post(CHAT, touching)
+                found["touching without vLLM"][kind] = (plain_status, theirs_status, answer)
+                if plain_status == theirs_status == 200:
+                    (work / f"{kind}--touching.plain.json").write_text(json.dumps(answer))
+                    (work / f"{kind}--touching.vllm.json").write_text(json.dumps(theirs))
+                    pair = [str(work / f"{kind}--touching.plain.json"), str(work / f"{kind}--touching.vllm.json")]
+                    manifest[f"{kind}: touching images, without vLLM"] = pair
             if kind == "gemma3":
                 found["gemma unrenderable"] = {
                     name: (
@@ -360,6 +405,8 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
                 found["corrupt audio"][kind] = (mmprep.post(CHAT, CORRUPT_AUDIO), vllm.post(CHAT, CORRUPT_AUDIO))
                 found["after corrupt audio"][kind] = mmprep.post(CHAT, cases(kind, media_server)["one audio clip"][1])[0]
         finally:
+            if plain is not None:
+                plain.stop()
             mmprep.stop()
             vllm.stop()
     # The control: a copy of one good answer with one token changed must not pass.
@@ -385,14 +432,45 @@ def test_mmprep_answers_what_vllm_answers(compared: dict[str, Any], kind: str, c
     assert result["ok"], "\n".join(result["problems"])
 
 
-#: The cases a native family renders on its own pool: chat renders with images and no video.
-NATIVE_IMAGE_CASES = [
-    (kind, name)
-    for kind in FAMILIES
-    if kind in NATIVE_FAMILIES
-    for name, (path, body) in cases(kind, "http://unused").items()
-    if path == CHAT and "image_url" in json.dumps(body) and "video_url" not in json.dumps(body)
-]
+def _image_chats(kinds: Any) -> list[tuple[str, str]]:
+    """(family, case) of each chat render with images and no video, for ``kinds`` in this run."""
+    return [
+        (kind, name)
+        for kind in FAMILIES
+        if kind in kinds
+        for name, (path, body) in cases(kind, "http://unused").items()
+        if path == CHAT and "image_url" in json.dumps(body) and "video_url" not in json.dumps(body)
+    ]
+
+
+#: The cases a native family renders on its own pool.
+NATIVE_IMAGE_CASES = _image_chats(NATIVE_FAMILIES)
+WITHOUT_VLLM_CASES = _image_chats(WITHOUT_VLLM)
+#: Two images with nothing between them, without vLLM and at vLLM: Gemma 3's image sequences then
+#: overlap where newlines merge, which vLLM refuses; LLaVA-OneVision's runs of image tokens join
+#: into one, which only vLLM's code tells apart (by each image's token count): without vLLM, a 400
+#: that says so. The others render them.
+TOUCHING_STATUSES: Final = {"gemma3": (400, 400), "llava-onevision": (400, 200)}
+
+
+@pytest.mark.parametrize(("kind", "case"), WITHOUT_VLLM_CASES, ids=[f"{k}: {c}" for k, c in WITHOUT_VLLM_CASES])
+def test_the_image_without_vllm_renders_what_vllm_renders(compared: dict[str, Any], kind: str, case: str) -> None:
+    plain_status, theirs_status, answer = compared["without vLLM"][(kind, case)]
+    assert plain_status == theirs_status == 200, answer
+    result = compared["results"][f"{kind}: {case}, without vLLM"]
+    assert result["ok"], "\n".join(result["problems"])
+
+
+@pytest.mark.parametrize("kind", [kind for kind in WITHOUT_VLLM if kind in FAMILIES])
+def test_touching_images_without_vllm_are_answered_as_vllm_answers_them(compared: dict[str, Any], kind: str) -> None:
+    plain_status, theirs_status, answer = compared["touching without vLLM"][kind]
+    assert (plain_status, theirs_status) == TOUCHING_STATUSES.get(kind, (200, 200)), answer
+    if kind == "llava-onevision":
+        # Its error says which code renders them (the image without vLLM has none to hand them to).
+        assert "rendered by vLLM's code" in answer["error"]["message"], answer
+    if plain_status == 200:
+        result = compared["results"][f"{kind}: touching images, without vLLM"]
+        assert result["ok"], "\n".join(result["problems"])
 
 
 @pytest.mark.parametrize(("kind", "case"), NATIVE_IMAGE_CASES, ids=[f"{k}: {c}" for k, c in NATIVE_IMAGE_CASES])
