@@ -62,6 +62,7 @@ ENCODE_PLUS: Final = "_encode_plus"
 PATCHIFY: Final = "patchify"
 PROCESS_IMAGE: Final = "process_image"
 RESCALE_AND_NORMALIZE: Final = "rescale_and_normalize"
+PAD_FOR_BATCHING: Final = "_pad_for_batching"
 _MODALITY_TYPES: Final = (("image", 1), ("video", 2), ("audio", 3))
 
 
@@ -93,12 +94,13 @@ def _image_processor_stand_ins() -> dict[type, type]:
     """Each library image processor class that has stand-ins -> a subclass of the same name with them."""
     pixels = {PROCESS_IMAGE: _process_image, RESCALE_AND_NORMALIZE: _rescale_and_normalize}
     patches_too = {PATCHIFY: _patchify, PROCESS_IMAGE: _process_image}
+    padded_batch = {**pixels, PAD_FOR_BATCHING: _pad_for_batching}
     # By module under transformers.models and class; GLM-4.1V's is its own copy of Qwen2-VL's steps.
     image_processors: list[tuple[str, str, dict[str, Any]]] = [
         ("qwen2_vl.image_processing_qwen2_vl", "Qwen2VLImageProcessor", patches_too),
         ("glm4v.image_processing_glm4v", "Glm4vImageProcessor", patches_too),
         ("gemma3.image_processing_gemma3", "Gemma3ImageProcessor", pixels),
-        ("pixtral.image_processing_pixtral", "PixtralImageProcessor", pixels),
+        ("pixtral.image_processing_pixtral", "PixtralImageProcessor", padded_batch),
         ("llava_onevision.image_processing_llava_onevision", "LlavaOnevisionImageProcessor", pixels),
     ]
     classes = {}
@@ -267,16 +269,51 @@ def _process_image(
     return image
 
 
-def _rescale_and_normalize(self: Any, images: Any, *args: Any, **kwargs: Any) -> Any:
+def _rescale_and_normalize(
+    self: Any,
+    images: Any,
+    do_rescale: Any,
+    rescale_factor: Any,
+    do_normalize: Any,
+    image_mean: Any,
+    image_std: Any,
+) -> Any:
     import torch
 
     library = getattr(type(self).__mro__[1], RESCALE_AND_NORMALIZE)
     # The resized images are in the interleaved memory ``process_image`` kept; the library's
     # subtraction and division (elementwise, exact per element) then run at half speed over it,
     # broadcasting the channel means across strides. Channel-first memory first: the same values.
-    if isinstance(images, torch.Tensor) and images.device.type == "cpu" and not images.is_contiguous():
+    # Where neither step runs (uint8 pixels for the GPU) the library returns the images as they
+    # are, and so does this: a copy here would be one more of every pixel.
+    if (
+        (do_rescale or do_normalize)
+        and isinstance(images, torch.Tensor)
+        and images.device.type == "cpu"
+        and not images.is_contiguous()
+    ):
         images = images.contiguous()
-    return library(self, images, *args, **kwargs)
+    return library(self, images, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
+
+
+def _pad_for_batching(self: Any, pixel_values: Any, image_sizes: Any) -> Any:
+    import torch
+
+    library = getattr(type(self).__mro__[1], PAD_FOR_BATCHING)
+    # Pixtral pads every image to the batch's largest and stacks them: two copies of every pixel.
+    # Images that are all of that size need no padding (the library pads them by zero): one image
+    # is a batch of one as it is, several are stacked once. The same values, dtype and device.
+    tensors = isinstance(pixel_values, list) and all(isinstance(image, torch.Tensor) for image in pixel_values)
+    if not tensors or not pixel_values or len(image_sizes) != len(pixel_values):
+        return library(self, pixel_values, image_sizes)
+    shape = tuple(pixel_values[0].shape)
+    same = all(
+        image.dim() == 3 and tuple(image.shape) == shape and tuple(int(n) for n in size) == shape[-2:]
+        for image, size in zip(pixel_values, image_sizes, strict=True)
+    )
+    if not same:
+        return library(self, pixel_values, image_sizes)
+    return pixel_values[0].unsqueeze(0) if len(pixel_values) == 1 else torch.stack(pixel_values)
 
 
 #: Stand-ins bound on the processor (``ProcessorMixin``'s steps).
@@ -317,7 +354,7 @@ def apply(processor: Any) -> tuple[str, ...]:
 
 
 def _image_steps(fast: type) -> list[str]:
-    return [name for name in (PATCHIFY, PROCESS_IMAGE, RESCALE_AND_NORMALIZE) if name in vars(fast)]
+    return [name for name in (PATCHIFY, PROCESS_IMAGE, RESCALE_AND_NORMALIZE, PAD_FOR_BATCHING) if name in vars(fast)]
 
 
 def applied(processor: Any) -> tuple[str, ...]:

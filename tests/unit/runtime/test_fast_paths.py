@@ -206,7 +206,7 @@ def test_the_image_processor_makes_the_library_outputs_from_decoded_tensors(qwen
 IMAGE_STAND_INS = {
     "gemma3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
     "glm4v": {stand_ins.PROCESS_IMAGE, stand_ins.PATCHIFY},
-    "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
+    "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE, stand_ins.PAD_FOR_BATCHING},
     "llava-onevision": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
 }
 
@@ -219,7 +219,8 @@ def test_other_families_image_processors_make_the_library_outputs_from_decoded_t
     processor, facts = _load(folder, fast=True)
     assert IMAGE_STAND_INS[kind] <= set(facts.fast_paths)
     images = [_decoded(w, h, seed, how) for seed, (w, h) in enumerate([(1280, 960), (40, 30), (333, 517), (1280, 960)])]
-    for batch in ([images[0]], images):
+    # One image, images of one size (Pixtral's batch needs no padding), and of several sizes.
+    for batch in ([images[0]], [images[0], images[3]], images):
         for kwargs in ({}, {"do_normalize": False, "do_rescale": False}):
             ours = processor.image_processor(images=batch, return_tensors="pt", **kwargs)
             _same_outputs(library(images=batch, return_tensors="pt", **kwargs), ours)

@@ -136,6 +136,8 @@ def render(
     with errors.processor_call():
         if images and model.expands_by_grid:
             outputs = _process_tokenizing_once(processor, text, images, model)
+        elif images and model.item_layout == ROWS and _row_block(processor):
+            outputs = _process_rows_tokenizing_once(processor, text, images, model)
         elif images:
             outputs = processor(text=[text], images=images, **kwargs)
         else:
@@ -183,6 +185,49 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[positions] = counts
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
+
+
+def _row_block(processor: Any) -> int:
+    """The side in pixels of one of Pixtral's image tokens (its patch times its spatial merge), or 0
+    where the processor does not say."""
+    sides = (getattr(processor, "patch_size", None), getattr(processor, "spatial_merge_size", None))
+    if not all(type(side) is int and side > 0 for side in sides):
+        return 0
+    return int(sides[0] * sides[1])
+
+
+def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
+    """Pixtral's outputs, with the prompt tokenized before its image tokens are written out.
+
+    Pixtral's processor writes each image's rows of image tokens, a break after each row and the
+    end token in place of the last break into the text, about 1,650 special tokens for a 1280x960
+    image, and tokenizes them all. Here the prompt is tokenized with its one image token per image
+    and each is replaced by the same ids; special tokens never merge with their neighbours, so the
+    ids are equal (the compatibility tests compare them with vLLM's). The image processor gets what
+    the processor gives it: the token's side as the patch size to resize to.
+    """
+    import numpy as np
+    import torch
+
+    block = _row_block(processor)
+    image_outputs = dict(
+        processor.image_processor(images=images, return_tensors="pt", patch_size=block, **model.processor_kwargs)
+    )
+    image_id, break_id, end_id = model.row_ids
+    ids = np.asarray(processor.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    positions = np.flatnonzero(ids == image_id)
+    if len(positions) != len(images):
+        raise errors.Unprocessable(f"the rendered prompt has {len(positions)} image placeholder(s) for {len(images)} image(s)")
+    pieces, start = [], 0
+    for position, (height, width) in zip(positions.tolist(), image_outputs["image_sizes"].tolist(), strict=True):
+        rows = np.full((height // block, width // block + 1), image_id, dtype=np.int64)
+        rows[:, -1] = break_id
+        expanded = rows.reshape(-1)
+        expanded[-1] = end_id
+        pieces += [ids[start:position], expanded]
+        start = position + 1
+    pieces.append(ids[start:])
+    return {"input_ids": torch.from_numpy(np.concatenate(pieces))[None], **image_outputs}
 
 
 def _check_apart(placeholders: list[dict[str, int]]) -> None:
