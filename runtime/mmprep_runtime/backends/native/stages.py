@@ -190,10 +190,10 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
 def _row_block(processor: Any) -> int:
     """The side in pixels of one of Pixtral's image tokens (its patch times its spatial merge), or 0
     where the processor does not say."""
-    sides = (getattr(processor, "patch_size", None), getattr(processor, "spatial_merge_size", None))
-    if not all(type(side) is int and side > 0 for side in sides):
+    patch, merge = getattr(processor, "patch_size", None), getattr(processor, "spatial_merge_size", None)
+    if type(patch) is not int or type(merge) is not int or patch <= 0 or merge <= 0:
         return 0
-    return int(sides[0] * sides[1])
+    return patch * merge
 
 
 def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
