@@ -54,11 +54,11 @@ MESSAGES = "/v1/messages/render"
 RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families served on mmprep's native fast path here (and the general one beside it).
-NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3"}
+NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3", "internvl"}
 #: Native families whose images are also rendered by mmprep without vLLM (the default image: this
 #: virtualenv's transformers, not vLLM's pin) and judged against vLLM's answers; Qwen2-VL's are in
 #: test_vllm_render_compat.
-WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision")
+WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision", "internvl")
 #: A native family whose options here (``PARSERS``: a reasoning parser) send it to vLLM's processing;
 #: test_vllm_render_compat compares its native path with vLLM's.
 SENT_TO_VLLM = {"llava-onevision"}

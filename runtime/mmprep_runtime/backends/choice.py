@@ -28,6 +28,7 @@ NATIVE_FAMILIES: Final = frozenset(
         "Gemma3Processor",
         "PixtralProcessor",
         "LlavaOnevisionProcessor",
+        "InternVLProcessor",
     }
 )
 

@@ -27,6 +27,8 @@ SEQUENCE: Final = "sequence"
 ROWS: Final = "rows"
 #: A run of the image token per image, its tiles batched (LLaVA-OneVision).
 TILES: Final = "tiles"
+#: A run of context tokens per image between its start and end tokens, its crops flat (InternVL).
+CROPS: Final = "crops"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,10 @@ class ModelFacts:
     newline_ids: tuple[int, ...] = ()
     #: ``ROWS``: the ids of the image token, the row break and the image's end.
     row_ids: tuple[int, ...] = ()
+    #: ``CROPS``: the ids of the image's start token, its context token and its end token, and how
+    #: many context tokens each crop takes.
+    crop_ids: tuple[int, ...] = ()
+    tokens_per_crop: int = 0
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
@@ -126,12 +132,26 @@ def _row_ids(processor: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in ids) if all(isinstance(i, int) and i != unknown for i in ids) else ()
 
 
+def _crops(processor: Any) -> tuple[tuple[int, ...], int] | None:
+    """InternVL's start, context and end token ids and its context tokens per crop, or None where
+    the processor does not say them all."""
+    found = [getattr(processor, name, None) for name in ("start_image_token_id", "image_token_id", "end_image_token_id")]
+    per_crop = getattr(processor, "image_seq_length", None)
+    ids = tuple(i for i in found if type(i) is int)
+    if len(ids) != 3 or type(per_crop) is not int or per_crop <= 0:
+        return None
+    unknown = processor.tokenizer.unk_token_id
+    return (ids, per_crop) if unknown not in ids and len(set(ids)) == 3 else None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Layout:
     name: str | None = None
     image_sequence: tuple[int, ...] = ()
     newline_ids: tuple[int, ...] = ()
     row_ids: tuple[int, ...] = ()
+    crop_ids: tuple[int, ...] = ()
+    tokens_per_crop: int = 0
 
 
 def _item_layout(processor: Any, facts: ProcessorFacts) -> _Layout:
@@ -142,6 +162,9 @@ def _item_layout(processor: Any, facts: ProcessorFacts) -> _Layout:
         return _Layout(GRID)
     if facts.processor_class == "LlavaOnevisionProcessor":
         return _Layout(TILES)
+    if facts.processor_class == "InternVLProcessor":
+        crops = _crops(processor)
+        return _Layout(CROPS, crop_ids=crops[0], tokens_per_crop=crops[1]) if crops else _Layout()
     if facts.processor_class == "Gemma3Processor" and (found := _image_sequence(processor)) is not None:
         return _Layout(SEQUENCE, *found)
     return _Layout()
@@ -172,4 +195,6 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         image_sequence=layout.image_sequence,
         newline_ids=layout.newline_ids,
         row_ids=layout.row_ids,
+        crop_ids=layout.crop_ids,
+        tokens_per_crop=layout.tokens_per_crop,
     )

@@ -102,6 +102,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
         ("gemma3.image_processing_gemma3", "Gemma3ImageProcessor", pixels),
         ("pixtral.image_processing_pixtral", "PixtralImageProcessor", padded_batch),
         ("llava_onevision.image_processing_llava_onevision", "LlavaOnevisionImageProcessor", pixels),
+        ("got_ocr2.image_processing_got_ocr2", "GotOcr2ImageProcessor", pixels),
     ]
     classes = {}
     for module, name, steps in image_processors:

@@ -82,6 +82,7 @@ def test_gemma3_renders_natively_without_pan_and_scan_only(tmp_path: pathlib.Pat
         ("glm4v", model_facts.GRID),
         ("mistral3", model_facts.ROWS),
         ("llava-onevision", model_facts.TILES),
+        ("internvl", model_facts.CROPS),
         ("idefics3", None),
     ],
 )
@@ -105,3 +106,27 @@ def test_each_pixtral_item_is_its_image_without_the_batchs_padding() -> None:
     items = item_layouts.rows_items({"pixel_values": pixels, "image_sizes": torch.tensor([[6, 8], [4, 2]])}, 2, None)
     assert [tuple(item["pixel_values"].data.shape) for item in items] == [(3, 6, 8), (3, 4, 2)]
     assert torch.equal(items[1]["pixel_values"].data, pixels[1, :, :4, :2]) and items[1]["pixel_values"].data.is_contiguous()
+
+
+START, CTX, STOP = 20, 21, 22
+
+
+def test_internvl_images_are_found_with_their_start_and_end_tokens() -> None:
+    one, two = [START, *[CTX] * 4, STOP], [START, *[CTX] * 8, STOP]
+    ids = np.asarray([1, *one, 5, *two, *one, CTX, CTX, 6])
+    found = item_layouts.crops_placeholders(ids, (START, CTX, STOP))
+    # A run of context tokens without its start and end tokens around it is no image's.
+    assert found == [{"offset": 1, "length": 6}, {"offset": 8, "length": 10}, {"offset": 18, "length": 6}]
+
+
+def test_each_internvl_item_is_its_crops_their_count_and_the_shared_context_id() -> None:
+    pixels = torch.rand(3, 3, 4, 4)
+    placeholders = [{"offset": 0, "length": 2 * 2 + 2}, {"offset": 9, "length": 2 + 2}]
+    items = item_layouts.crops_items({"pixel_values": pixels}, placeholders, "bfloat16", CTX, 2)
+    assert [int(item["image_num_patches"].data) for item in items] == [2, 1]
+    assert torch.equal(items[1]["pixel_values"].data, pixels[2:3].to(torch.bfloat16))
+    assert [list(item) for item in items] == [["pixel_values", "image_num_patches", "image_token_id"]] * 2
+    assert items[0]["image_token_id"].field.wire() == ["shared", {"keep_on_cpu": True, "batch_size": 2}]
+    assert items[0]["pixel_values"].field.wire()[1]["slices"] == [[[0, 2, None]], [[2, 3, None]]]
+    with pytest.raises(item_layouts.errors.Unprocessable, match="3 crops for 4"):
+        item_layouts.crops_items({"pixel_values": pixels}, [*placeholders, placeholders[1]], None, CTX, 2)

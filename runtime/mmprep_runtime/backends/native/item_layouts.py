@@ -2,7 +2,7 @@
 
 vLLM cuts a processor's batched outputs into one item per image and finds each image's
 placeholder in the prompt by rules each of its model files defines; the native path writes the
-same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` defines):
+same, for these layouts (``ModelFacts.item_layout``, whose names ``model_facts`` defines):
 
 - ``GRID`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V): an image's placeholder is a run of its image token,
   as long as its patch grid; its item is its rows of ``pixel_values`` (``image_grid_thw.prod()``
@@ -20,6 +20,10 @@ same, for two layouts (``ModelFacts.item_layout``, whose names ``model_facts`` d
 - ``TILES`` (LLaVA-OneVision): an image's placeholder is a run of its image token; its item is its
   row of the processor's ``pixel_values`` (its tiles, padded to the batch's most, as vLLM keeps
   them) and of ``image_sizes`` (kept on the CPU).
+- ``CROPS`` (InternVL): an image's placeholder is its start token, a run of its context token (so
+  many per crop) and its end token; its item is its crops of ``pixel_values`` (flat), its number
+  of crops (batched) and the context token's id (one value shared by every image), both kept on
+  the CPU.
 
 Pure functions of the processor's outputs: no I/O.
 """
@@ -120,6 +124,46 @@ def tiles_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> li
         }
         for index in range(count)
     ]
+
+
+def crops_items(
+    outputs: Mapping[str, Any], placeholders: Sequence[Mapping[str, int]], dtype: str | None, context_id: int, per_crop: int
+) -> list[Item]:
+    """One item per image: its crops of ``pixel_values``, its ``image_num_patches`` (how many crops
+    its placeholder holds: ``per_crop`` context tokens each) and the shared ``image_token_id``, in
+    the order vLLM writes them."""
+    import torch
+
+    if not placeholders:
+        return []
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)
+    crops = torch.tensor([(placeholder["length"] - 2) // per_crop for placeholder in placeholders], dtype=torch.int64)
+    if int(crops.sum()) != len(pixels):
+        raise errors.Unprocessable(f"the processor made {len(pixels)} crops for {int(crops.sum())} in the prompt")
+    slices = _flat_slices(crops.tolist())
+    flat = wire_format.FlatField(slices)
+    batched = wire_format.BatchedField(keep_on_cpu=True)
+    shared = KwargsElement(torch.tensor(context_id), wire_format.SharedField(len(placeholders), keep_on_cpu=True))
+    return [
+        {
+            "pixel_values": KwargsElement(pixels[a:b], flat),
+            "image_num_patches": KwargsElement(crops[index], batched),
+            "image_token_id": shared,
+        }
+        for index, (a, b) in enumerate(slices)
+    ]
+
+
+def crops_placeholders(token_ids: np.ndarray[Any, Any], crop_ids: Sequence[int]) -> list[dict[str, int]]:
+    """``[{"offset", "length"}]`` of each image: its start token, its run of context tokens and its
+    end token (a run without both around it is no image's)."""
+    start, context, end = crop_ids
+    found = []
+    for run in wire_format.placeholder_runs(token_ids, context):
+        before, after = run["offset"] - 1, run["offset"] + run["length"]
+        if before >= 0 and after < len(token_ids) and token_ids[before] == start and token_ids[after] == end:
+            found.append({"offset": before, "length": run["length"] + 2})
+    return found
 
 
 def rows_placeholders(token_ids: np.ndarray[Any, Any], row_ids: Sequence[int]) -> list[dict[str, int]]:

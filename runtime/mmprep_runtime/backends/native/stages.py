@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends import choice
-from mmprep_runtime.backends.model_facts import ROWS, SEQUENCE, TILES, ModelFacts
+from mmprep_runtime.backends.model_facts import CROPS, ROWS, SEQUENCE, TILES, ModelFacts
 from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, patches, pipeline
@@ -157,6 +157,8 @@ def render(
         items = item_layouts.rows_items(outputs, len(images), dtype)
     elif model.item_layout == TILES:
         items = item_layouts.tiles_items(outputs, len(images), dtype)
+    elif model.item_layout == CROPS:
+        items = item_layouts.crops_items(outputs, placeholders, dtype, model.crop_ids[1], model.tokens_per_crop)
     else:
         items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
@@ -245,6 +247,8 @@ def _placeholders(token_ids: Any, model: ModelFacts) -> list[dict[str, int]]:
         return item_layouts.sequence_placeholders(token_ids, model.image_sequence, model.newline_ids)
     if model.item_layout == ROWS:
         return item_layouts.rows_placeholders(token_ids, model.row_ids)
+    if model.item_layout == CROPS:
+        return item_layouts.crops_placeholders(token_ids, model.crop_ids)
     # A model without an image token renders no placeholder: the caller then refuses the images.
     return wire_format.placeholder_runs(token_ids, model.image_token_id) if model.image_token_id is not None else []
 

@@ -144,7 +144,18 @@ class BatchedField:
         return ["batched", {"keep_on_cpu": self.keep_on_cpu}]
 
 
-Field = FlatField | BatchedField
+@dataclasses.dataclass(frozen=True)
+class SharedField:
+    """Every item holds the same value (InternVL's ``image_token_id``), as vLLM's ``shared``."""
+
+    batch_size: int
+    keep_on_cpu: bool = False
+
+    def wire(self) -> list[Any]:
+        return ["shared", {"keep_on_cpu": self.keep_on_cpu, "batch_size": self.batch_size}]
+
+
+Field = FlatField | BatchedField | SharedField
 
 
 @dataclasses.dataclass(frozen=True)
