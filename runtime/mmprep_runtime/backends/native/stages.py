@@ -136,8 +136,8 @@ def render(
     with errors.processor_call():
         if images and model.expands_by_grid:
             outputs = _process_tokenizing_once(processor, text, images, model)
-        elif images and model.item_layout == ROWS and _row_block(processor):
-            outputs = _process_rows_tokenizing_once(processor, text, images, model)
+        elif images and model.item_layout == ROWS and (block := _row_block(processor)):
+            outputs = _process_rows_tokenizing_once(processor, text, images, model, block)
         elif images:
             outputs = processor(text=[text], images=images, **kwargs)
         else:
@@ -180,13 +180,22 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     image_processor = processor.image_processor
     image_outputs = dict(image_processor(images=images, return_tensors="pt", **model.processor_kwargs))
     counts = (image_outputs["image_grid_thw"].prod(-1) // image_processor.merge_size**2).numpy()
-    ids = np.asarray(processor.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-    positions = np.flatnonzero(ids == model.image_token_id)
-    if len(positions) != len(images):
-        raise errors.Unprocessable(f"the rendered prompt has {len(positions)} image placeholder(s) for {len(images)} image(s)")
+    ids, positions = _image_token_positions(processor, text, model.image_token_id, len(images))
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[positions] = counts
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
+
+
+def _image_token_positions(processor: Any, text: str, token_id: Any, count: int) -> tuple[Any, Any]:
+    """The prompt's ids, tokenized with one ``token_id`` per image, and where those are; a count
+    other than the images' is refused, as a processor refuses it."""
+    import numpy as np
+
+    ids = np.asarray(processor.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    positions = np.flatnonzero(ids == token_id)
+    if len(positions) != count:
+        raise errors.Unprocessable(f"the rendered prompt has {len(positions)} image placeholder(s) for {count} image(s)")
+    return ids, positions
 
 
 def _row_block(processor: Any) -> int:
@@ -198,7 +207,7 @@ def _row_block(processor: Any) -> int:
     return patch * merge
 
 
-def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
+def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts, block: int) -> dict[str, Any]:
     """Pixtral's outputs, with the prompt tokenized before its image tokens are written out.
 
     Pixtral's processor writes each image's rows of image tokens, a break after each row and the
@@ -206,20 +215,16 @@ def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], 
     image, and tokenizes them all. Here the prompt is tokenized with its one image token per image
     and each is replaced by the same ids; special tokens never merge with their neighbours, so the
     ids are equal (the compatibility tests compare them with vLLM's). The image processor gets what
-    the processor gives it: the token's side as the patch size to resize to.
+    the processor gives it: the token's side (``block``) as the patch size to resize to.
     """
     import numpy as np
     import torch
 
-    block = _row_block(processor)
     image_outputs = dict(
         processor.image_processor(images=images, return_tensors="pt", patch_size=block, **model.processor_kwargs)
     )
     image_id, break_id, end_id = model.row_ids
-    ids = np.asarray(processor.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-    positions = np.flatnonzero(ids == image_id)
-    if len(positions) != len(images):
-        raise errors.Unprocessable(f"the rendered prompt has {len(positions)} image placeholder(s) for {len(images)} image(s)")
+    ids, positions = _image_token_positions(processor, text, image_id, len(images))
     pieces, start = [], 0
     for position, (height, width) in zip(positions.tolist(), image_outputs["image_sizes"].tolist(), strict=True):
         rows = np.full((height // block, width // block + 1), image_id, dtype=np.int64)
