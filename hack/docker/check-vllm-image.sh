@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the runtime's vLLM flavor (mmprep-runtime-vllm:$IMAGE_TAG, ~10 GB) and checks that it
 # serves as the operator runs it: non-root, read-only root filesystem, /tmp the only writable
-# place, models mounted read-only. In the image, for a vision family (Idefics3) and an audio one
-# (Qwen2-Audio), both without mmprep's native fast path:
-#   - `probe` reports vLLM's version and the general render path;
-#   - `serve --api vllm-render` answers /version, /v1/info (general path, render processes ready)
+# place, models mounted read-only. In the image, for a vision family on mmprep's native fast path
+# (Idefics3, vLLM's processing behind it) and an audio one without one (Qwen2-Audio):
+#   - `probe` reports vLLM's version and the render path auto takes;
+#   - `serve --api vllm-render` answers /version, /v1/info (that path, vLLM's render process ready)
 #     and a render request with an image (or a WAV clip), 200 with token ids;
-#   - `calibrate --render-path auto` measures render processes.
+#   - `calibrate --render-path auto` on the audio family measures render processes.
 #
 #   hack/docker/check-vllm-image.sh [--remove]     --remove: delete the image afterwards (disk)
 #
@@ -35,7 +35,9 @@ trap cleanup EXIT
 
 py="$repo/.venv/bin/python"
 [ -x "$py" ] || die "no $py: run 'make venv' first (it builds the model folders)"
-for kind in idefics3 qwen2-audio; do
+families=(idefics3:native qwen2-audio:general)
+for family in "${families[@]}"; do
+  kind=${family%%:*}
   "$py" -m mmprep_runtime.cli make-model --kind "$kind" --out "$work/models/$kind" >/dev/null
 done
 chmod -R a+rX "$work/models"
@@ -46,13 +48,14 @@ run() {
     --security-opt no-new-privileges -e HF_HUB_OFFLINE=1 -v "$work/models:/models:ro" "$@"
 }
 
-for kind in idefics3 qwen2-audio; do
+for family in "${families[@]}"; do
+  kind=${family%%:*} path=${family#*:}
   log "$kind: probe"
   probe=$(run --rm "$image" probe --model "/models/$kind")
-  "$py" - "$probe" <<'PY'
+  "$py" - "$probe" "$path" <<'PY'
 import json, sys
 answer = json.loads(sys.argv[1])
-assert answer["render_path"] == "general", answer
+assert answer["render_path"] == sys.argv[2], answer
 assert answer["versions"].get("vllm"), answer
 print(f"probe: {answer['processor_class']}, render path {answer['render_path']}, vLLM {answer['versions']['vllm']}")
 PY
@@ -67,15 +70,15 @@ PY
   healthy() { curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; }
   for _ in $(seq 1 300); do healthy && break; sleep 1; done
   healthy || { docker logs "$name" | tail -40 >&2; die "$kind: the server did not become healthy in 300 s"; }
-  "$py" - "$port" "$kind" <<'PY'
+  "$py" - "$port" "$kind" "$path" <<'PY'
 import base64, json, sys, urllib.request
 from mmprep_runtime.synthetic import media
 
-port, kind = sys.argv[1], sys.argv[2]
+port, kind, path = sys.argv[1], sys.argv[2], sys.argv[3]
 base = f"http://127.0.0.1:{port}"
 version = json.load(urllib.request.urlopen(base + "/version", timeout=30))
 info = json.load(urllib.request.urlopen(base + "/v1/info", timeout=30))["vllm_render"]
-assert info["path"] == "general" and info["general"]["ready_processes"] == 1, info
+assert info["path"] == path and info["general"]["ready_processes"] == 1, info
 if kind == "qwen2-audio":
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(media.wav(1.0)).decode(), "format": "wav"}}
 else:
@@ -90,9 +93,9 @@ PY
   docker rm -f "$name" >/dev/null
 done
 
-log "idefics3: calibrate"
-report=$(run --rm "$image" calibrate --model /models/idefics3 --render-path auto --max-workers 2 \
-  --image 640x480 --duration 4 --rounds 2 --warmup 1 2>/dev/null | tail -n1)
+log "qwen2-audio: calibrate"
+report=$(run --rm "$image" calibrate --model /models/qwen2-audio --render-path auto --max-workers 2 \
+  --duration 4 --rounds 2 --warmup 1 2>/dev/null | tail -n1)
 "$py" - "$report" <<'PY'
 import json, sys
 report = json.loads(sys.argv[1])

@@ -54,11 +54,11 @@ MESSAGES = "/v1/messages/render"
 RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families served on mmprep's native fast path here (and the general one beside it).
-NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3", "internvl"}
+NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3", "internvl", "idefics3"}
 #: Native families whose images are also rendered by mmprep without vLLM (the default image: this
 #: virtualenv's transformers, not vLLM's pin) and judged against vLLM's answers; Qwen2-VL's are in
 #: test_vllm_render_compat.
-WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision", "internvl")
+WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision", "internvl", "idefics3")
 #: A native family whose options here (``PARSERS``: a reasoning parser) send it to vLLM's processing;
 #: test_vllm_render_compat compares its native path with vLLM's.
 SENT_TO_VLLM = {"llava-onevision"}
@@ -542,7 +542,7 @@ PROBES: Final = ("/health", "/version", "/v1/models")
 TOKENIZER_INFO: Final = "/tokenizer_info"
 #: Families whose servers both get ``--enable-tokenizer-info-endpoint`` (a native one and a general
 #: one); the others' answer it 404, as vLLM's server does without the flag.
-TOKENIZER_INFO_FAMILIES: Final = ("qwen2.5-vl", "idefics3")
+TOKENIZER_INFO_FAMILIES: Final = ("qwen2.5-vl", "qwen2-audio")
 
 
 def _options(kind: str) -> list[str]:

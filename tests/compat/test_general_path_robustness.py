@@ -120,7 +120,7 @@ def test_a_killed_render_process_is_replaced_and_the_other_serves_meanwhile(gene
 def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """The operator's probe Job runs the image's `mmprep-runtime probe`; its answer (the resource's
     status.probe.result) carries the vLLM version the render tier runs, read from the install."""
-    folder = models.make_model("idefics3", tmp_path / "idefics3")  # a family with no native fast path
+    folder = models.make_model("qwen2-audio", tmp_path / "qwen2-audio")  # a family with no native fast path
     done = subprocess.run(
         [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "probe", "--model", str(folder)],
         capture_output=True,
@@ -138,7 +138,7 @@ def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: path
         env=vllm_render_env(),
     ).stdout.strip()
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Idefics3Processor", answer
+    assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Qwen2AudioProcessor", answer
     # What the operator shows in status.probe.result: the path auto takes for this model here.
     assert answer["render_path"] == "general" and "no native fast path" in answer["render_path_reason"], answer
 

@@ -101,12 +101,12 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
 def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
     kube: Kube, operator: OperatorProcess, namespace: str, model_dir: Callable[..., Path]
 ) -> None:
-    """The vLLM image's calibration, for real: the probe (in the vLLM image) finds Idefics3 has no
+    """The vLLM image's calibration, for real: the probe (in the vLLM image) finds Qwen2-Audio has no
     native fast path, so the Job measures vLLM render processes on the agent's node and the
     pool's Deployment gets the chosen count. No runtime pod runs (replicas 0): the measurement is
     what is under test, and two of vLLM's processes are what this machine can run at once."""
     spec = make_spec(
-        model_dir("idefics3"),
+        model_dir("qwen2-audio"),
         api="vllm-render",
         image="mmprep-runtime-vllm:test",
         replicas=0,

@@ -29,6 +29,7 @@ NATIVE_FAMILIES: Final = frozenset(
         "PixtralProcessor",
         "LlavaOnevisionProcessor",
         "InternVLProcessor",
+        "Idefics3Processor",
     }
 )
 

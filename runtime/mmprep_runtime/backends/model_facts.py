@@ -29,6 +29,8 @@ ROWS: Final = "rows"
 TILES: Final = "tiles"
 #: A run of context tokens per image between its start and end tokens, its crops flat (InternVL).
 CROPS: Final = "crops"
+#: Each image split into rows and columns of tiles and a global view, its tiles flat (Idefics3).
+SPLIT: Final = "split"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,8 @@ def _item_layout(processor: Any, facts: ProcessorFacts) -> _Layout:
         return _Layout(GRID)
     if facts.processor_class == "LlavaOnevisionProcessor":
         return _Layout(TILES)
+    if facts.processor_class == "Idefics3Processor":
+        return _Layout(SPLIT)
     if facts.processor_class == "InternVLProcessor":
         crops = _crops(processor)
         return _Layout(CROPS, crop_ids=crops[0], tokens_per_crop=crops[1]) if crops else _Layout()

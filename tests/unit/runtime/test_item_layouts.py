@@ -83,7 +83,7 @@ def test_gemma3_renders_natively_without_pan_and_scan_only(tmp_path: pathlib.Pat
         ("mistral3", model_facts.ROWS),
         ("llava-onevision", model_facts.TILES),
         ("internvl", model_facts.CROPS),
-        ("idefics3", None),
+        ("idefics3", model_facts.SPLIT),
     ],
 )
 def test_the_other_layouts_follow_the_family(tmp_path: pathlib.Path, kind: str, layout: str | None) -> None:
@@ -130,3 +130,29 @@ def test_each_internvl_item_is_its_crops_their_count_and_the_shared_context_id()
     assert items[0]["pixel_values"].field.wire()[1]["slices"] == [[[0, 2, None]], [[2, 3, None]]]
     with pytest.raises(item_layouts.errors.Unprocessable, match="3 crops for 4"):
         item_layouts.crops_items({"pixel_values": pixels}, [*placeholders, placeholders[1]], None, CTX, 2)
+
+
+FAKE, TAG, PIX, NL = 30, 31, 32, 33
+
+
+def test_idefics3_images_are_found_as_their_sequences_in_order() -> None:
+    small, large = (FAKE, TAG, PIX, PIX, FAKE), (FAKE, 40, PIX, NL, NL, FAKE, TAG, PIX, FAKE)
+    # The second image's sequence is searched after the first's: an earlier copy of it is text.
+    ids = np.asarray([1, *large, 2, *small, 3, *large])
+    found = item_layouts.ordered_placeholders(ids, [small, large])
+    assert found == [{"offset": 11, "length": 5}, {"offset": 17, "length": 9}]
+    # A sequence not found ends the list: the caller refuses the request.
+    found = item_layouts.ordered_placeholders(ids, [large, large, small])
+    assert found == [{"offset": 1, "length": 9}, {"offset": 17, "length": 9}]
+
+
+def test_each_idefics3_item_is_its_tiles_their_masks_and_their_count() -> None:
+    pixels, masks = torch.rand(1, 4, 3, 4, 4), torch.ones(1, 4, 4, 4, dtype=torch.bool)
+    items = item_layouts.split_items({"pixel_values": pixels, "pixel_attention_mask": masks}, [3, 1], "bfloat16")
+    assert [int(item["num_patches"].data) for item in items] == [3, 1]
+    assert torch.equal(items[1]["pixel_values"].data, pixels[0, 3:4].to(torch.bfloat16))
+    assert items[0]["pixel_attention_mask"].data.dtype == torch.bool and len(items[0]["pixel_attention_mask"].data) == 3
+    assert [list(item) for item in items] == [["pixel_values", "pixel_attention_mask", "num_patches"]] * 2
+    assert items[0]["num_patches"].field.wire() == ["batched", {"keep_on_cpu": True}]
+    with pytest.raises(item_layouts.errors.Unprocessable, match="4 tiles for 5"):
+        item_layouts.split_items({"pixel_values": pixels, "pixel_attention_mask": masks}, [3, 2], None)

@@ -24,6 +24,9 @@ same, for these layouts (``ModelFacts.item_layout``, whose names ``model_facts``
   many per crop) and its end token; its item is its crops of ``pixel_values`` (flat), its number
   of crops (batched) and the context token's id (one value shared by every image), both kept on
   the CPU.
+- ``SPLIT`` (Idefics3): an image's placeholder is the token sequence vLLM writes for its grid of
+  tiles and its global view, found left to right; its item is its tiles of ``pixel_values`` and
+  ``pixel_attention_mask`` (flat) and its ``num_patches`` (kept on the CPU).
 
 Pure functions of the processor's outputs: no I/O.
 """
@@ -163,6 +166,57 @@ def crops_placeholders(token_ids: np.ndarray[Any, Any], crop_ids: Sequence[int])
         before, after = run["offset"] - 1, run["offset"] + run["length"]
         if before >= 0 and after < len(token_ids) and token_ids[before] == start and token_ids[after] == end:
             found.append({"offset": before, "length": run["length"] + 2})
+    return found
+
+
+def split_items(outputs: Mapping[str, Any], counts: Sequence[int], dtype: str | None) -> list[Item]:
+    """One item per image: its tiles (``counts`` of them) of the prompt's ``pixel_values`` and
+    ``pixel_attention_mask`` and its ``num_patches``."""
+    import torch
+
+    if not counts:
+        return []
+    pixels = to_model_dtype(outputs["pixel_values"], dtype)[0]  # one prompt: its batch axis goes
+    masks = outputs["pixel_attention_mask"][0]
+    if sum(counts) != len(pixels) or len(masks) != len(pixels):
+        raise errors.Unprocessable(f"the processor made {len(pixels)} tiles for {sum(counts)} in the prompt")
+    slices = _flat_slices(counts)
+    flat = wire_format.FlatField(slices)
+    batched = wire_format.BatchedField(keep_on_cpu=True)
+    patches = torch.tensor(list(counts), dtype=torch.int64)
+    return [
+        {
+            "pixel_values": KwargsElement(pixels[a:b], flat),
+            "pixel_attention_mask": KwargsElement(masks[a:b], flat),
+            "num_patches": KwargsElement(patches[index], batched),
+        }
+        for index, (a, b) in enumerate(slices)
+    ]
+
+
+def ordered_placeholders(token_ids: np.ndarray[Any, Any], sequences: Sequence[Sequence[int]]) -> list[dict[str, int]]:
+    """``[{"offset", "length"}]`` of each of ``sequences`` (one per image, in order), each found
+    after the one before it as vLLM finds a processor's replacements; a sequence not found ends the
+    list."""
+    ids = token_ids.tolist()
+    found = []
+    start = 0
+    for sequence in sequences:
+        target = list(sequence)
+        match = None
+        while target:
+            try:
+                begin = ids.index(target[0], start)
+            except ValueError:
+                break
+            if ids[begin : begin + len(target)] == target:
+                match = begin
+                break
+            start = begin + 1
+        if match is None:
+            break
+        found.append({"offset": match, "length": len(target)})
+        start = match + len(target)
     return found
 
 

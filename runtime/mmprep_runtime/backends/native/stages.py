@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import uuid
 from typing import Any, Final
 
 from mmprep_runtime import errors
 from mmprep_runtime.backends import choice
-from mmprep_runtime.backends.model_facts import CROPS, ROWS, SEQUENCE, TILES, ModelFacts
+from mmprep_runtime.backends.model_facts import CROPS, ROWS, SEQUENCE, SPLIT, TILES, ModelFacts
 from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, patches, pipeline
@@ -143,7 +144,14 @@ def render(
         else:
             outputs = patches.tokenizer_of(processor)(text, return_tensors="pt", add_special_tokens=False)
     token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
-    placeholders = _placeholders(token_ids, model) if images else []
+    splits = [_split_tiles(processor, image) for image in images] if model.item_layout == SPLIT else []
+    if splits:
+        # Idefics3's image sequences hold text tokens, so they are found as the ids vLLM writes.
+        placeholders = item_layouts.ordered_placeholders(
+            token_ids, [_split_tokens(processor, rows, columns) for _, rows, columns in splits]
+        )
+    else:
+        placeholders = _placeholders(token_ids, model) if images else []
     if len(placeholders) < len(images) and model.item_layout == TILES:
         # Touching images make one run; vLLM tells them apart by each one's token count.
         raise errors.BeyondFastPath("images whose placeholders touch are rendered by vLLM's code")
@@ -159,6 +167,8 @@ def render(
         items = item_layouts.tiles_items(outputs, len(images), dtype)
     elif model.item_layout == CROPS:
         items = item_layouts.crops_items(outputs, placeholders, dtype, model.crop_ids[1], model.tokens_per_crop)
+    elif model.item_layout == SPLIT:
+        items = item_layouts.split_items(outputs, [max(tiles, 1) for tiles, _, _ in splits], dtype)
     else:
         items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
@@ -235,6 +245,32 @@ def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], 
         start = position + 1
     pieces.append(ids[start:])
     return {"input_ids": torch.from_numpy(np.concatenate(pieces))[None], **image_outputs}
+
+
+def _split_tiles(processor: Any, image: Any) -> tuple[int, int, int]:
+    """Idefics3's (tiles, rows, columns) for an image of this size, as vLLM asks the image processor."""
+    width, height = decoding.image_size(image)
+    tiles, rows, columns = processor.image_processor.get_number_of_image_patches(height, width, {})
+    return int(tiles), int(rows), int(columns)
+
+
+@functools.lru_cache(maxsize=256)
+def _split_text_tokens(tokenizer: Any, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _split_tokens(processor: Any, rows: int, columns: int) -> tuple[int, ...]:
+    """The ids vLLM replaces an Idefics3 image with: a tile placeholder per row and column, a
+    newline after each row, a newline, the global view's placeholder, the closing token."""
+    image = processor.image_token * processor.image_seq_len
+    fake = processor.fake_image_token
+    global_view = fake + processor.global_image_tag + image
+    if rows == 0 and columns == 0:
+        return _split_text_tokens(processor.tokenizer, global_view + fake)
+    grid = "".join(
+        "".join(f"{fake}<row_{row + 1}_col_{column + 1}>{image}" for column in range(columns)) + "\n" for row in range(rows)
+    )
+    return _split_text_tokens(processor.tokenizer, grid + "\n" + global_view + fake)
 
 
 def _check_apart(placeholders: list[dict[str, int]]) -> None:
