@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the runtime's vLLM flavor (mmprep-runtime-vllm:$IMAGE_TAG, ~10 GB) and checks that it
 # serves as the operator runs it: non-root, read-only root filesystem, /tmp the only writable
-# place, models mounted read-only. In the image, for a vision family on mmprep's native fast path
-# (Idefics3, vLLM's processing behind it) and an audio one without one (Qwen2-Audio):
-#   - `probe` reports vLLM's version and the render path auto takes;
-#   - `serve --api vllm-render` answers /version, /v1/info (that path, vLLM's render process ready)
-#     and a render request with an image (or a WAV clip), 200 with token ids;
-#   - `calibrate --render-path auto` on the audio family measures render processes.
+# place, models mounted read-only. In the image, for a vision family (Idefics3) and an audio one
+# (Qwen2-Audio), both on mmprep's native fast path under auto:
+#   - `probe` reports vLLM's version and the native render path;
+#   - `serve --api vllm-render` answers /version, /v1/info (Idefics3 under auto: native, vLLM's
+#     render process beside it; Qwen2-Audio under general: vLLM's processing) and a render request
+#     with an image (or a WAV clip), 200 with token ids;
+#   - `calibrate --render-path general` measures render processes.
 #
 #   hack/docker/check-vllm-image.sh [--remove]     --remove: delete the image afterwards (disk)
 #
@@ -35,7 +36,8 @@ trap cleanup EXIT
 
 py="$repo/.venv/bin/python"
 [ -x "$py" ] || die "no $py: run 'make venv' first (it builds the model folders)"
-families=(idefics3:native qwen2-audio:general)
+# kind:--render-path:the path /v1/info reports
+families=(idefics3:auto:native qwen2-audio:general:general)
 for family in "${families[@]}"; do
   kind=${family%%:*}
   "$py" -m mmprep_runtime.cli make-model --kind "$kind" --out "$work/models/$kind" >/dev/null
@@ -49,13 +51,13 @@ run() {
 }
 
 for family in "${families[@]}"; do
-  kind=${family%%:*} path=${family#*:}
+  IFS=: read -r kind setting path <<<"$family"
   log "$kind: probe"
   probe=$(run --rm "$image" probe --model "/models/$kind")
-  "$py" - "$probe" "$path" <<'PY'
+  "$py" - "$probe" <<'PY'
 import json, sys
 answer = json.loads(sys.argv[1])
-assert answer["render_path"] == sys.argv[2], answer
+assert answer["render_path"] == "native", answer
 assert answer["versions"].get("vllm"), answer
 print(f"probe: {answer['processor_class']}, render path {answer['render_path']}, vLLM {answer['versions']['vllm']}")
 PY
@@ -64,7 +66,7 @@ PY
   name="mmprep-vllm-check-$kind-$$"
   names+=("$name")
   run -d --name "$name" -p 127.0.0.1::8000 "$image" \
-    serve --model "/models/$kind" --host 0.0.0.0 --port 8000 --render-path auto --render-processes 1 \
+    serve --model "/models/$kind" --host 0.0.0.0 --port 8000 --render-path "$setting" --render-processes 1 \
     --vllm-args "--mm-processor-cache-gb 0" >/dev/null
   port=$(docker port "$name" 8000/tcp | head -n1 | sed 's/.*://')
   healthy() { curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; }
@@ -94,7 +96,7 @@ PY
 done
 
 log "qwen2-audio: calibrate"
-report=$(run --rm "$image" calibrate --model /models/qwen2-audio --render-path auto --max-workers 2 \
+report=$(run --rm "$image" calibrate --model /models/qwen2-audio --render-path general --max-workers 2 \
   --duration 4 --rounds 2 --warmup 1 2>/dev/null | tail -n1)
 "$py" - "$report" <<'PY'
 import json, sys

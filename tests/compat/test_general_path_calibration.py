@@ -1,7 +1,7 @@
 """The calibration of the general render path, with the real vLLM: it measures render processes.
 
-``mmprep-runtime calibrate --render-path auto`` on a Qwen2-Audio folder (no native fast path: vLLM's
-own processing serves it) from vLLM's virtualenv, as the operator's calibration Job runs it in the
+``mmprep-runtime calibrate --render-path general`` on a Qwen2-Audio folder (vLLM's own processing
+serves it) from vLLM's virtualenv, as the operator's calibration Job runs it in the
 vLLM image: vLLM's render processes start once, 1..N of them are loaded with real render requests
 (a WAV clip each: the family takes audio), and the report says it counted render processes, each
 count with a throughput.
@@ -26,7 +26,7 @@ def test_the_general_paths_calibration_measures_render_processes(vllm_venv: path
     folder = models.make_model("qwen2-audio", tmp_path / "qwen2-audio")
     log = tmp_path / "termination-log"
     command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "calibrate", "--model", str(folder)]
-    command += ["--render-path", "auto", "--vllm-args", "--mm-processor-cache-gb 0", "--max-workers", "2"]
+    command += ["--render-path", "general", "--vllm-args", "--mm-processor-cache-gb 0", "--max-workers", "2"]
     command += ["--duration", "6", "--rounds", "2", "--warmup", "1", "--termination-log", str(log)]
     done = subprocess.run(
         command,

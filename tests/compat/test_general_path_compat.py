@@ -55,13 +55,13 @@ RESPONSES = "/v1/responses/render"
 SYSTEM = token_routes.SYSTEM
 #: The families served on mmprep's native fast path here (and the general one beside it).
 NATIVE_FAMILIES = {"qwen2.5-vl", "qwen3-vl", "glm4v", "gemma3", "mistral3", "internvl", "idefics3"}
-#: Native families whose images are also rendered by mmprep without vLLM (the default image: this
-#: virtualenv's transformers, not vLLM's pin) and judged against vLLM's answers; Qwen2-VL's are in
-#: test_vllm_render_compat.
-WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision", "internvl", "idefics3")
-#: A native family whose options here (``PARSERS``: a reasoning parser) send it to vLLM's processing;
-#: test_vllm_render_compat compares its native path with vLLM's.
-SENT_TO_VLLM = {"llava-onevision"}
+#: Native families whose images (Qwen2-Audio: audio clips) are also rendered by mmprep without vLLM
+#: (the default image: this virtualenv's transformers, not vLLM's pin) and judged against vLLM's
+#: answers; Qwen2-VL's are in test_vllm_render_compat.
+WITHOUT_VLLM: Final = ("gemma3", "glm4v", "mistral3", "llava-onevision", "internvl", "idefics3", "qwen2-audio")
+#: Native families whose options here (``PARSERS``: a reasoning parser) send them to vLLM's
+#: processing; the server without vLLM (``WITHOUT_VLLM``) renders them natively.
+SENT_TO_VLLM = {"llava-onevision", "qwen2-audio"}
 
 
 def _image(url: str) -> dict[str, Any]:
@@ -383,7 +383,7 @@ def compared(vllm_venv: pathlib.Path, media_server: str, tmp_path_factory: pytes
                 )
             bad = {"messages": [{"role": "user", "content": [{"type": "video_frame", "x": 1}]}]}
             found["errors"][kind] = (mmprep.post(CHAT, bad), vllm.post(CHAT, bad))
-            if plain is not None:
+            if plain is not None and kind in TOUCHING_WITHOUT_VLLM:
                 touching = _touching_images()
                 (plain_status, answer), (theirs_status, theirs) = plain.post(CHAT, touching), vllm.post(CHAT, touching)
                 found["touching without vLLM"][kind] = (plain_status, theirs_status, answer)
@@ -432,20 +432,24 @@ def test_mmprep_answers_what_vllm_answers(compared: dict[str, Any], kind: str, c
     assert result["ok"], "\n".join(result["problems"])
 
 
-def _image_chats(kinds: Any) -> list[tuple[str, str]]:
-    """(family, case) of each chat render with images and no video, for ``kinds`` in this run."""
+def _media_chats(kinds: Any) -> list[tuple[str, str]]:
+    """(family, case) of each chat render with images or audio and no video, for ``kinds`` in this run."""
     return [
         (kind, name)
         for kind in FAMILIES
         if kind in kinds
         for name, (path, body) in cases(kind, "http://unused").items()
-        if path == CHAT and "image_url" in json.dumps(body) and "video_url" not in json.dumps(body)
+        if path == CHAT
+        and any(part in json.dumps(body) for part in ("image_url", "input_audio", "audio_url"))
+        and "video_url" not in json.dumps(body)
     ]
 
 
 #: The cases a native family renders on its own pool.
-NATIVE_IMAGE_CASES = _image_chats(NATIVE_FAMILIES)
-WITHOUT_VLLM_CASES = _image_chats(WITHOUT_VLLM)
+NATIVE_IMAGE_CASES = _media_chats(NATIVE_FAMILIES)
+WITHOUT_VLLM_CASES = _media_chats(WITHOUT_VLLM)
+#: The families without vLLM that take images (two of them touch in one case).
+TOUCHING_WITHOUT_VLLM: Final = [kind for kind in WITHOUT_VLLM if kind in FAMILIES and families.FAMILIES[kind].chat.image]
 #: Two images with nothing between them, without vLLM and at vLLM: Gemma 3's image sequences then
 #: overlap where newlines merge, which vLLM refuses; LLaVA-OneVision's runs of image tokens join
 #: into one, which only vLLM's code tells apart (by each image's token count): without vLLM, a 400
@@ -461,7 +465,7 @@ def test_the_image_without_vllm_renders_what_vllm_renders(compared: dict[str, An
     assert result["ok"], "\n".join(result["problems"])
 
 
-@pytest.mark.parametrize("kind", [kind for kind in WITHOUT_VLLM if kind in FAMILIES])
+@pytest.mark.parametrize("kind", TOUCHING_WITHOUT_VLLM)
 def test_touching_images_without_vllm_are_answered_as_vllm_answers_them(compared: dict[str, Any], kind: str) -> None:
     plain_status, theirs_status, answer = compared["touching without vLLM"][kind]
     assert (plain_status, theirs_status) == TOUCHING_STATUSES.get(kind, (200, 200)), answer

@@ -120,7 +120,7 @@ def test_a_killed_render_process_is_replaced_and_the_other_serves_meanwhile(gene
 def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """The operator's probe Job runs the image's `mmprep-runtime probe`; its answer (the resource's
     status.probe.result) carries the vLLM version the render tier runs, read from the install."""
-    folder = models.make_model("qwen2-audio", tmp_path / "qwen2-audio")  # a family with no native fast path
+    folder = models.make_model("qwen2-audio", tmp_path / "qwen2-audio")
     done = subprocess.run(
         [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "probe", "--model", str(folder)],
         capture_output=True,
@@ -139,8 +139,9 @@ def test_the_probe_in_the_vllm_environment_reports_vllms_version(vllm_venv: path
     ).stdout.strip()
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["versions"]["vllm"] == installed and answer["processor_class"] == "Qwen2AudioProcessor", answer
-    # What the operator shows in status.probe.result: the path auto takes for this model here.
-    assert answer["render_path"] == "general" and "no native fast path" in answer["render_path_reason"], answer
+    # What the operator shows in status.probe.result: the path auto takes for this model here (with
+    # vLLM's processing beside it for what that path does not render).
+    assert answer["render_path"] == "native" and "native fast path" in answer["render_path_reason"], answer
 
 
 #: A wrong vLLM option, the family it is given to and the words of vLLM's own error at start: on a

@@ -101,9 +101,9 @@ def test_the_agent_pool_is_measured_and_the_kwok_pool_falls_back_visibly(
 def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
     kube: Kube, operator: OperatorProcess, namespace: str, model_dir: Callable[..., Path]
 ) -> None:
-    """The vLLM image's calibration, for real: the probe (in the vLLM image) finds Qwen2-Audio has no
-    native fast path, so the Job measures vLLM render processes on the agent's node and the
-    pool's Deployment gets the chosen count. No runtime pod runs (replicas 0): the measurement is
+    """The vLLM image's calibration, for real: the resource asks for the general path (the probe, in
+    the vLLM image, finds Qwen2-Audio's native one), so the Job measures vLLM render processes on
+    the agent's node and the pool's Deployment gets the chosen count. No runtime pod runs (replicas 0): the measurement is
     what is under test, and two of vLLM's processes are what this machine can run at once."""
     spec = make_spec(
         model_dir("qwen2-audio"),
@@ -111,7 +111,7 @@ def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
         image="mmprep-runtime-vllm:test",
         replicas=0,
         workers={"calibrate": True},
-        serving={"vllmArgs": ["--mm-processor-cache-gb", "0"]},
+        serving={"vllmArgs": ["--mm-processor-cache-gb", "0"], "renderPath": "general"},
         affinity=_either((AGENT_LABEL, "true")),
         tolerations=[dict(AGENT_TOLERATION)],
         resources={"requests": {"cpu": "250m"}, "limits": {"cpu": "2", "memory": "8Gi"}},
@@ -129,7 +129,7 @@ def test_a_vllm_render_pool_on_the_general_path_measures_render_processes(
         what="the general path's calibration settled",
         describe=lambda: f"{json.dumps(kube.get_mmp(namespace, 'general').get('status'), indent=1)}\n{operator.tail(30)}",
     )
-    assert obj["status"]["probe"]["result"]["renderPath"] == "general", obj["status"]["probe"]
+    assert obj["status"]["probe"]["result"]["renderPath"] == "native", obj["status"]["probe"]
     (pool,) = pools(obj)
     cal = pool["calibration"]
     assert (cal["state"], cal["measures"], cal["node"]) == ("Succeeded", "renderProcesses", AGENT_NODE), cal

@@ -18,7 +18,7 @@ from typing import Final
 
 from mmprep_runtime.settings import vllm_option_names
 
-#: Processor classes the native path renders byte-equal to vLLM (images and text).
+#: Processor classes the native path renders byte-equal to vLLM (images, Qwen2-Audio's audio, text).
 NATIVE_FAMILIES: Final = frozenset(
     {
         "Qwen2VLProcessor",
@@ -30,6 +30,7 @@ NATIVE_FAMILIES: Final = frozenset(
         "LlavaOnevisionProcessor",
         "InternVLProcessor",
         "Idefics3Processor",
+        "Qwen2AudioProcessor",
     }
 )
 

@@ -60,6 +60,10 @@ class ModelFacts:
     #: many context tokens each crop takes.
     crop_ids: tuple[int, ...] = ()
     tokens_per_crop: int = 0
+    #: The audio token whose runs hold each clip's features, and the rate clips are taken at;
+    #: None where the native path does not render the model's audio (``NATIVE_AUDIO``).
+    audio_token_id: int | None = None
+    sampling_rate: int | None = None
 
     @property
     def processor_kwargs(self) -> dict[str, Any]:
@@ -146,6 +150,18 @@ def _crops(processor: Any) -> tuple[tuple[int, ...], int] | None:
     return (ids, per_crop) if unknown not in ids and len(set(ids)) == 3 else None
 
 
+#: Processors whose audio the native path renders: one run of the audio token per clip, the
+#: clip's Whisper features batched (vLLM's Qwen2-Audio fields).
+NATIVE_AUDIO: Final = frozenset({"Qwen2AudioProcessor"})
+
+
+def _audio_token_id(processor: Any, facts: ProcessorFacts) -> int | None:
+    if facts.processor_class not in NATIVE_AUDIO or not facts.sampling_rate:
+        return None
+    token_id = getattr(processor, "audio_token_id", None)
+    return token_id if type(token_id) is int and token_id != processor.tokenizer.unk_token_id else None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Layout:
     name: str | None = None
@@ -201,4 +217,6 @@ def model_facts(processor: Any, facts: ProcessorFacts, settings: RenderSettings)
         row_ids=layout.row_ids,
         crop_ids=layout.crop_ids,
         tokens_per_crop=layout.tokens_per_crop,
+        audio_token_id=_audio_token_id(processor, facts),
+        sampling_rate=facts.sampling_rate,
     )

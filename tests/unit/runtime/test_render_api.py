@@ -16,6 +16,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 from conftest import Served
@@ -380,3 +381,85 @@ async def test_a_bad_tokenize_or_detokenize_is_a_4xx_saying_why_and_the_pool_kee
     status, answer = await running.render(body, path)
     assert status == expected and words in answer["error"]["message"], answer
     assert (await running.render({"tokens": [1, 2]}, "/detokenize"))[0] == 200
+
+
+def _wav(seconds: float = 0.5, *, rate: int = 16000, channels: int = 1) -> bytes:
+    import io
+    import wave
+
+    samples = (np.arange(int(rate * seconds) * channels, dtype=np.int64) * 37 % 65536 - 32768).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(channels)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes(samples.tobytes())
+    return out.getvalue()
+
+
+def _clip(data: bytes, form: str = "wav") -> dict[str, Any]:
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": form}}
+
+
+def test_a_pcm_clip_decodes_to_what_soundfile_gives_and_others_go_to_vllms_decoders() -> None:
+    from mmprep_runtime import errors
+    from mmprep_runtime.backends.native import stages
+
+    clip = _wav(0.25)
+    samples = stages.decode_clip(clip, "clip", 16000, Limits())
+    pcm = np.frombuffer(clip[44:], dtype="<i2")
+    # libsndfile's 16-bit to float conversion: the sample over 32768, exact in float32.
+    assert samples.dtype == np.float32 and np.array_equal(samples, pcm.astype(np.float64) / 32768)
+    assert samples.min() == -1.0
+    for other in (_wav(0.25, channels=2), _wav(0.25, rate=8000)):
+        with pytest.raises(errors.BeyondFastPath, match="decoded by vLLM's code"):
+            stages.decode_clip(other, "clip", 16000, Limits())
+    with pytest.raises(errors.MediaTooLarge, match=r"over the limit of 0\.1 s"):
+        stages.decode_clip(clip, "clip", 16000, Limits(max_audio_seconds=0.1))
+
+
+async def test_a_chat_with_audio_clips_renders_each_as_a_run_of_audio_tokens(start_render, model_factory):
+    running = await start_render(model_factory("qwen2-audio"))
+    status, answer = await running.render(_chat(_clip(_wav(0.5)), TEXT, _clip(_wav(2.0))))
+    assert status == 200, answer
+    features = answer["features"]
+    model = running.app[server_state.STATE].serving.model
+    short, long = features["mm_placeholders"]["audio"]
+    # Whisper's 10 ms frames, then (n - 1) // 2 + 1 and (n - 2) // 2 + 1 (the encoder's two
+    # strides): 0.5 s -> 50 frames -> 25 -> 12 tokens; 2 s -> 200 -> 100 -> 50.
+    assert (short["length"], long["length"]) == (12, 50), features["mm_placeholders"]
+    assert set(answer["token_ids"][long["offset"] : long["offset"] + long["length"]]) == {model.audio_token_id}
+    first = _decode_item(features["kwargs_data"]["audio"][0])
+    assert list(first) == ["input_features", "feature_attention_mask"]
+    assert first["input_features"]["field"] == ["batched", {"keep_on_cpu": False}]
+    assert len(set(features["mm_hashes"]["audio"])) == 2 and "image" not in features["mm_hashes"]
+
+
+def _bad_audio() -> list[tuple[str, Any, int, str]]:
+    truncated = _wav(1.0)[:30]
+    return [
+        ("a stereo clip (vLLM downmixes it)", _chat(_clip(_wav(channels=2)), TEXT), 400, "decoded by vLLM's code"),
+        ("a clip at another rate (vLLM resamples it)", _chat(_clip(_wav(rate=8000)), TEXT), 400, "decoded by vLLM's code"),
+        ("a clip cut inside its header", _chat(_clip(truncated), TEXT), 400, "not a PCM WAV file"),
+        ("a clip over the length limit", _chat(_clip(_wav(1.5)), TEXT), 413, "over the limit of 1 s"),
+        ("an MP3 clip", _chat(_clip(b"ID3", "mp3"), TEXT), 400, "audio in 'mp3'"),
+        ("input_audio without data", _chat({"type": "input_audio", "input_audio": {}}), 400, "'data' string"),
+        ("a data URI that is not audio", _chat({"type": "audio_url", "audio_url": {"url": _data_uri(b"x")}}), 400, "not audio"),
+        ("more clips than the limit", _chat(*[_clip(_wav(0.1))] * 3, TEXT), 400, "3 audio clips, more than the limit of 2"),
+    ]
+
+
+async def test_every_bad_audio_clip_gets_a_clear_4xx_and_the_next_clip_renders(start_render, model_factory):
+    running = await start_render(model_factory("qwen2-audio"), limits=Limits(max_audio_seconds=1.0, max_audio_items=2))
+    for case, body, expected, fragment in _bad_audio():
+        status, answer = await running.render(body)
+        assert status == expected and fragment in answer["error"]["message"], (case, answer)
+        good_status, good_answer = await running.render(_chat(_clip(_wav(0.5)), TEXT))
+        assert good_status == 200 and good_answer["features"]["mm_placeholders"]["audio"], (f"after {case}", good_answer)
+
+
+async def test_audio_to_a_model_without_a_native_audio_path_is_left_to_vllms_code(start_render, qwen_dir):
+    running = await start_render(qwen_dir)
+    status, answer = await running.render(_chat(_clip(_wav()), TEXT))
+    assert status == 400 and answer["error"]["type"] == "BadRequestError", answer
+    assert "does not render Qwen2VLProcessor's audio" in answer["error"]["message"], answer

@@ -33,9 +33,10 @@ from mmprep_runtime.settings import FetchSettings, RenderSettings, SettingsError
         ("auto", "LlavaOnevisionProcessor", "0.33.0", "native", True),
         ("auto", "InternVLProcessor", "0.33.0", "native", True),
         ("auto", "Idefics3Processor", "0.33.0", "native", True),
-        ("auto", "Qwen2AudioProcessor", "0.33.0", "general", False),
-        ("auto", "Qwen2AudioProcessor", None, "native", False),
-        ("native", "Qwen2AudioProcessor", "0.33.0", "native", False),
+        ("auto", "Qwen2AudioProcessor", "0.33.0", "native", True),
+        ("auto", "LlavaProcessor", "0.33.0", "general", False),
+        ("auto", "LlavaProcessor", None, "native", False),
+        ("native", "LlavaProcessor", "0.33.0", "native", False),
         ("general", "Qwen2VLProcessor", "0.33.0", "general", False),
     ],
 )
@@ -68,11 +69,11 @@ def test_a_vllm_option_the_native_path_does_not_implement_sends_a_native_family_
 
 def test_the_general_path_without_vllm_is_refused_with_the_way_out() -> None:
     with pytest.raises(choice.NoRenderPath, match=r"mmprep\[vllm\]"):
-        choice.choose("general", "Qwen2AudioProcessor", None)
+        choice.choose("general", "LlavaProcessor", None)
 
 
 def test_a_family_without_a_native_path_and_no_vllm_says_what_it_serves() -> None:
-    assert "text only" in choice.choose("auto", "Qwen2AudioProcessor", None).reason
+    assert "text only" in choice.choose("auto", "LlavaProcessor", None).reason
 
 
 def _args(**values: Any) -> argparse.Namespace:

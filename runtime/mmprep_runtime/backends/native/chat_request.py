@@ -1,9 +1,9 @@
 """OpenAI request bodies for the vLLM render API: parsed and checked, nothing decoded yet (pure).
 
 ``parse_chat`` turns a chat-completions body into the conversation a chat template renders (text
-parts as ``{"type": "text", "text": ...}``, each image part as ``{"type": "image"}``, as vLLM hands
-a template that loops over content parts), the image sources in order (inline ``data:`` bytes or
-an http(s) URL still to fetch) and the sampling fields. ``parse_completion`` does the same for a
+parts as ``{"type": "text", "text": ...}``, each image part as ``{"type": "image"}`` and each audio
+part as ``{"type": "audio"}``, as vLLM hands a template that loops over content parts), the media
+sources in order (inline bytes or an http(s) URL still to fetch) and the sampling fields. ``parse_completion`` does the same for a
 plain prompt. Every problem is an ``errors.RequestError`` naming the field.
 
 Fields that would change vLLM's answer in ways this server does not implement (tools, response
@@ -81,22 +81,27 @@ _UNSUPPORTED_FIELDS: Final = frozenset(
 )
 
 
+IMAGE: Final = "image"
+AUDIO: Final = "audio"
+
+
 @dataclasses.dataclass(frozen=True)
-class ImageSource:
-    """One image of a request: its bytes (a ``data:`` URI) or the URL to fetch them from."""
+class MediaSource:
+    """One image or audio clip of a request: its bytes (inline) or the URL to fetch them from."""
 
     what: str
+    modality: str = IMAGE
     data: bytes | None = None
     url: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RenderRequest:
-    """What a render job needs: the prompt (a conversation or a text), images, sampling."""
+    """What a render job needs: the prompt (a conversation or a text), media, sampling."""
 
     conversation: tuple[dict[str, Any], ...] | None
     prompt: str | None
-    images: tuple[ImageSource, ...]
+    media: tuple[MediaSource, ...]
     sampling: Mapping[str, Any]
     max_tokens: int | None
     model: str | None
@@ -107,15 +112,23 @@ class RenderRequest:
     chat: bool
 
     def fetched(self, data: Mapping[int, bytes]) -> RenderRequest:
-        images = tuple(
-            dataclasses.replace(image, data=data[index], url=None) if index in data else image
-            for index, image in enumerate(self.images)
+        media = tuple(
+            dataclasses.replace(source, data=data[index], url=None) if index in data else source
+            for index, source in enumerate(self.media)
         )
-        return dataclasses.replace(self, images=images)
+        return dataclasses.replace(self, media=media)
 
     @property
-    def urls(self) -> list[tuple[int, ImageSource]]:
-        return [(index, image) for index, image in enumerate(self.images) if image.data is None]
+    def urls(self) -> list[tuple[int, MediaSource]]:
+        return [(index, source) for index, source in enumerate(self.media) if source.data is None]
+
+    @property
+    def images(self) -> tuple[MediaSource, ...]:
+        return tuple(source for source in self.media if source.modality == IMAGE)
+
+    @property
+    def audio(self) -> tuple[MediaSource, ...]:
+        return tuple(source for source in self.media if source.modality == AUDIO)
 
 
 def _object(body: bytes) -> dict[str, Any]:
@@ -157,32 +170,45 @@ def _sampling(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
     return sampling, max_tokens
 
 
-def _data_uri(url: str, what: str) -> bytes:
+def _data_uri(url: str, what: str, modality: str) -> bytes:
     header, comma, data = url.partition(",")
     if not comma or not header.startswith("data:"):
         raise errors.BadRequest(f"{what}: a data URI needs the form data:<media type>;base64,<data>")
     media_type, _, encoding = header[5:].partition(";")
     if encoding != "base64":
         raise errors.BadRequest(f"{what}: only base64 data URIs are supported")
-    if media_type and not media_type.startswith("image/"):
-        raise errors.BadMedia(f"{what}: the data URI's media type is {media_type!r}, not an image")
+    if media_type and not media_type.startswith(f"{modality}/"):
+        expected = "an image" if modality == IMAGE else modality
+        raise errors.BadMedia(f"{what}: the data URI's media type is {media_type!r}, not {expected}")
     return decoding.b64decode(data, f"{what}'s data URI")
 
 
-def _image_source(part: Mapping[str, Any], what: str) -> ImageSource:
-    value = part.get("image_url")
+def _url_source(part: Mapping[str, Any], key: str, what: str, modality: str) -> MediaSource:
+    """An ``image_url`` or ``audio_url`` part's source."""
+    value = part.get(key)
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url:
-        raise errors.BadRequest(f"{what}: 'image_url' must be an object with a 'url' string")
+        raise errors.BadRequest(f"{what}: '{key}' must be an object with a 'url' string")
     if url.startswith("data:"):
-        return ImageSource(what, data=_data_uri(url, what))
+        return MediaSource(what, modality, data=_data_uri(url, what, modality))
     if url.startswith(("http://", "https://")):
-        return ImageSource(what, url=url)
+        return MediaSource(what, modality, url=url)
     scheme = url.partition(":")[0] if ":" in url else url[:16]
-    raise errors.BadRequest(f"{what}: image URLs must be data:, http: or https:, got {scheme!r}")
+    raise errors.BadRequest(f"{what}: {modality} URLs must be data:, http: or https:, got {scheme!r}")
 
 
-def _content(message: Mapping[str, Any], where: str, images: list[ImageSource], reserved: tuple[str, ...]) -> Any:
+def _inline_audio(part: Mapping[str, Any], what: str) -> MediaSource:
+    """OpenAI's ``input_audio`` part: base64 bytes of a WAV clip (the format vLLM's decoders and
+    this path agree on; another goes to vLLM's code)."""
+    value = part.get("input_audio")
+    if not isinstance(value, dict) or not isinstance(value.get("data"), str):
+        raise errors.BadRequest(f"{what}: 'input_audio' must be an object with a 'data' string")
+    if value.get("format", "wav") != "wav":
+        raise errors.BeyondFastPath(f"{what}: audio in {value.get('format')!r} is decoded by vLLM's code")
+    return MediaSource(f"{what}.input_audio", AUDIO, data=decoding.b64decode(value["data"], f"{what}.input_audio"))
+
+
+def _content(message: Mapping[str, Any], where: str, media: list[MediaSource], reserved: tuple[str, ...]) -> Any:
     content = message.get("content")
     if content is None:
         return []
@@ -205,10 +231,15 @@ def _content(message: Mapping[str, Any], where: str, images: list[ImageSource], 
             _check_reserved(text, what, reserved)
             parts.append({"type": "text", "text": text})
         elif kind == "image_url":
-            images.append(_image_source(part, what))
+            media.append(_url_source(part, "image_url", what, IMAGE))
             parts.append({"type": "image"})
+        elif kind in ("input_audio", "audio_url"):
+            media.append(_inline_audio(part, what) if kind == "input_audio" else _url_source(part, kind, what, AUDIO))
+            parts.append({"type": "audio"})
         else:
-            raise errors.BeyondFastPath(f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url")
+            raise errors.BeyondFastPath(
+                f"{what}: unsupported chat content part type {kind!r}; supported: text, image_url, input_audio, audio_url"
+            )
     return parts
 
 
@@ -262,18 +293,20 @@ def _common(payload: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
     }
 
 
-def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int = 16) -> RenderRequest:
-    return chat_from_payload(pipeline.json_object(body), reserved=reserved, max_images=max_images)
+def parse_chat(body: bytes, *, reserved: tuple[str, ...] = (), max_images: int = 16, max_audio: int = 4) -> RenderRequest:
+    return chat_from_payload(pipeline.json_object(body), reserved=reserved, max_images=max_images, max_audio=max_audio)
 
 
-def chat_from_payload(payload: Mapping[str, Any], *, reserved: tuple[str, ...] = (), max_images: int = 16) -> RenderRequest:
+def chat_from_payload(
+    payload: Mapping[str, Any], *, reserved: tuple[str, ...] = (), max_images: int = 16, max_audio: int = 4
+) -> RenderRequest:
     """``parse_chat`` of a body already parsed (a route that takes a chat among other forms)."""
     _check_supported(payload)
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise errors.BadRequest("'messages' must be a non-empty list of messages")
     conversation = []
-    images: list[ImageSource] = []
+    media: list[MediaSource] = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -283,20 +316,22 @@ def chat_from_payload(payload: Mapping[str, Any], *, reserved: tuple[str, ...] =
             raise errors.BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
         if message.get("tool_calls"):
             raise errors.BeyondFastPath(f"{where}: tool calls are not supported by this render server")
-        entry: dict[str, Any] = {"role": role, "content": _content(message, where, images, reserved)}
+        entry: dict[str, Any] = {"role": role, "content": _content(message, where, media, reserved)}
         name = message.get("name")
         if isinstance(name, str):
             entry["name"] = name
         conversation.append(entry)
-    if len(images) > max_images:
-        raise errors.BadRequest(f"the messages have {len(images)} images, more than the limit of {max_images}")
+    for modality, name, limit in ((IMAGE, "images", max_images), (AUDIO, "audio clips", max_audio)):
+        count = sum(source.modality == modality for source in media)
+        if count > limit:
+            raise errors.BadRequest(f"the messages have {count} {name}, more than the limit of {limit}")
     add_generation_prompt = payload.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise errors.BadRequest("'add_generation_prompt' must be a boolean")
     return RenderRequest(
         conversation=tuple(conversation),
         prompt=None,
-        images=tuple(images),
+        media=tuple(media),
         add_generation_prompt=add_generation_prompt,
         chat=True,
         **_common(payload, chat=True),
@@ -314,7 +349,7 @@ def parse_completion(body: bytes, *, reserved: tuple[str, ...] = ()) -> RenderRe
     return RenderRequest(
         conversation=None,
         prompt=prompt,
-        images=(),
+        media=(),
         add_generation_prompt=False,
         chat=False,
         **_common(payload, chat=False),

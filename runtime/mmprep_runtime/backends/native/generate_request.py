@@ -31,6 +31,8 @@ class Rendered:
     placeholders: list[dict[str, int]]
     items: list[dict[str, wire_format.KwargsElement]]
     request: chat_request.RenderRequest
+    #: The modality of every item (a request's items are all images or all audio clips).
+    modality: str = chat_request.IMAGE
 
 
 #: ``SamplingParams.output_kind``: a rendered, non-streaming request gets only the final output.
@@ -115,12 +117,13 @@ def generate_request(rendered: Rendered, model: ModelFacts, request_id: str) -> 
         for item in rendered.items:
             markers.append(f"{_MARKER}{len(blobs)}")
             blobs.append(wire_format.kwargs_item_base64_pieces(item))
+        modality = rendered.modality
         body["features"] = {
-            "mm_hashes": {"image": rendered.hashes},
-            "mm_placeholders": {"image": rendered.placeholders},
-            "kwargs_data": {"image": markers},
+            "mm_hashes": {modality: rendered.hashes},
+            "mm_placeholders": {modality: rendered.placeholders},
+            "kwargs_data": {modality: markers},
             # vLLM writes none where no item keeps a field on the CPU (Pixtral's pixels alone).
-            "mm_metadata": {"image": [wire_format.encode_kwargs_item(m) if m else None for m in metadata]}
+            "mm_metadata": {modality: [wire_format.encode_kwargs_item(m) if m else None for m in metadata]}
             if any(metadata)
             else None,
         }

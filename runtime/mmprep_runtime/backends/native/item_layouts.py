@@ -194,6 +194,22 @@ def split_items(outputs: Mapping[str, Any], counts: Sequence[int], dtype: str | 
     ]
 
 
+def audio_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
+    """One item per clip: its row of the batch's ``input_features`` and ``feature_attention_mask``."""
+    features = to_model_dtype(outputs["input_features"], dtype)
+    masks = outputs["feature_attention_mask"]
+    if len(features) != count or len(masks) != count:
+        raise errors.Unprocessable(f"the processor made features of {len(features)} clips for {count} in the prompt")
+    batched = wire_format.BatchedField()
+    return [
+        {
+            "input_features": KwargsElement(features[index], batched),
+            "feature_attention_mask": KwargsElement(masks[index], batched),
+        }
+        for index in range(count)
+    ]
+
+
 def ordered_placeholders(token_ids: np.ndarray[Any, Any], sequences: Sequence[Sequence[int]]) -> list[dict[str, int]]:
     """``[{"offset", "length"}]`` of each of ``sequences`` (one per image, in order), each found
     after the one before it as vLLM finds a processor's replacements; a sequence not found ends the

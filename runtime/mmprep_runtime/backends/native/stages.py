@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import io
 import itertools
 import uuid
+import wave
 from typing import Any, Final
 
 from mmprep_runtime import errors
@@ -73,6 +75,39 @@ def decode_image(data: bytes, what: str, limits: Limits, layout: decoding.ImageL
     return decoding.in_layout(converted, layout), wire_format.EncodedImage(data, io_config)
 
 
+def decode_clip(data: bytes, what: str, rate: int, limits: Limits) -> Any:
+    """A WAV clip's samples as vLLM's soundfile decoder gives them: float32, 16-bit PCM over
+    32768 (a power of two: exact). Only where that is all vLLM does to it: mono 16-bit PCM at the
+    model's rate; vLLM's decoders and resampler take every other clip."""
+    import numpy as np
+
+    try:
+        with wave.open(io.BytesIO(data), "rb") as reader:
+            channels, width, clip_rate, frames = (
+                reader.getnchannels(),
+                reader.getsampwidth(),
+                reader.getframerate(),
+                reader.getnframes(),
+            )
+            if (channels, width, clip_rate) != (1, 2, rate):
+                raise errors.BeyondFastPath(
+                    f"{what}: a {channels}-channel {8 * width}-bit clip at {clip_rate} Hz is decoded by vLLM's code"
+                )
+            if frames > limits.max_audio_seconds * clip_rate:
+                limit = limits.max_audio_seconds
+                raise errors.MediaTooLarge(f"{what} lasts {frames / clip_rate:.1f} s, over the limit of {limit:g} s")
+            raw = reader.readframes(frames)
+    except (wave.Error, EOFError):
+        problem = decoding.audio_decode_problem(data)
+        if problem is not None:
+            raise errors.BadMedia(f"{what}: the audio cannot be decoded: {problem}") from None
+        raise errors.BeyondFastPath(f"{what}: a clip that is not a PCM WAV file is decoded by vLLM's code") from None
+    samples = np.frombuffer(raw, dtype="<i2", count=len(raw) // 2)
+    if not samples.size:
+        raise errors.BadMedia(f"{what} has no samples")
+    return samples.astype(np.float32) / np.float32(32768)
+
+
 def _to_rgb(image: Any) -> Any:
     from PIL import Image
 
@@ -96,9 +131,14 @@ def _chat_template(processor: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _prompt_text(processor: Any, request: chat_request.RenderRequest) -> str:
-    if request.prompt is not None:
-        return request.prompt
+def _prompt_text(processor: Any, request: chat_request.RenderRequest, limits: Limits) -> str:
+    text = request.prompt if request.prompt is not None else _chat_text(processor, request)
+    if len(text) > limits.max_text_chars:
+        raise errors.BadRequest(f"the prompt has {len(text)} characters, more than the limit of {limits.max_text_chars}")
+    return text
+
+
+def _chat_text(processor: Any, request: chat_request.RenderRequest) -> str:
     template = _chat_template(processor)
     if template is None:
         raise errors.BadRequest(
@@ -130,9 +170,7 @@ def render(
         total_pixels = pipeline.count_request_pixels(total_pixels, image, source.what, limits)
         images.append(image)
         encoded.append(identity)
-    text = _prompt_text(processor, request)
-    if len(text) > limits.max_text_chars:
-        raise errors.BadRequest(f"the prompt has {len(text)} characters, more than the limit of {limits.max_text_chars}")
+    text = _prompt_text(processor, request, limits)
     kwargs: dict[str, Any] = {"return_tensors": "pt", "add_special_tokens": False, **model.processor_kwargs}
     with errors.processor_call():
         if images and model.expands_by_grid:
@@ -173,6 +211,32 @@ def render(
         items = item_layouts.grid_items(outputs, len(images), dtype)
     hashes = [wire_format.mm_hash(model.model_id, "image", identity, {}) for identity in encoded]
     return Rendered(token_ids, hashes, placeholders, items, request)
+
+
+def render_audio(processor: Any, request: chat_request.RenderRequest, model: ModelFacts, limits: Limits) -> Rendered:
+    """A request with audio clips (no images): the processor's Whisper features per clip, each
+    clip's run of audio tokens its placeholder, as vLLM's Qwen2-Audio code renders it."""
+    import numpy as np
+
+    rate = model.sampling_rate
+    assert rate is not None and model.audio_token_id is not None, "checked before processing"
+    clips = []
+    for source in request.audio:
+        assert source.data is not None, "fetched before processing"
+        clips.append(decode_clip(source.data, source.what, rate, limits))
+    text = _prompt_text(processor, request, limits)
+    with errors.processor_call():
+        # vLLM's arguments: the feature extractor's rate, and clips truncated to its window.
+        outputs = processor(
+            text=[text], audio=clips, sampling_rate=rate, truncation=True, return_tensors="pt", add_special_tokens=False
+        )
+    token_ids = np.ascontiguousarray(outputs["input_ids"][0].numpy())
+    placeholders = wire_format.placeholder_runs(token_ids, model.audio_token_id)
+    if len(placeholders) != len(clips):
+        raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} audio placeholder(s) for {len(clips)} clip(s)")
+    items = item_layouts.audio_items(outputs, len(clips), model.dtype)
+    hashes = [wire_format.mm_hash(model.model_id, chat_request.AUDIO, clip, {}) for clip in clips]
+    return Rendered(token_ids, hashes, placeholders, items, request, modality=chat_request.AUDIO)
 
 
 def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
@@ -316,7 +380,9 @@ class RenderApi:
 
     def decode(self, body: bytes) -> chat_request.RenderRequest:
         if self.chat:
-            request = chat_request.parse_chat(body, reserved=self.reserved, max_images=self.limits.max_images)
+            request = chat_request.parse_chat(
+                body, reserved=self.reserved, max_images=self.limits.max_images, max_audio=self.limits.max_audio_items
+            )
         else:
             request = chat_request.parse_completion(body, reserved=self.reserved)
         return self.checked(request)
@@ -326,6 +392,11 @@ class RenderApi:
         check_model(self.model, request.model)
         if request.images and not self.facts.takes_images:
             raise errors.BadRequest(f"this model ({self.facts.processor_class}) takes no images")
+        if request.audio and (self.model.audio_token_id is None or request.images):
+            # Audio parts went to vLLM's code before this path rendered any: a model without a
+            # native audio path keeps vLLM's answer, error or not.
+            what = "images and audio in one request" if request.images else f"{self.facts.processor_class}'s audio"
+            raise errors.BeyondFastPath(f"the native path does not render {what}")
         if request.images and self.model.item_layout is None:
             raise errors.BeyondFastPath(
                 f"the native path does not render {self.facts.processor_class}'s images (its families: "
@@ -342,6 +413,8 @@ class RenderApi:
         return request.fetched({index: body for (index, _), body in zip(pending, bodies, strict=True)})
 
     def process(self, processor: Any, request: chat_request.RenderRequest) -> Rendered:
+        if request.audio:
+            return render_audio(processor, request, self.model, self.limits)
         return render(processor, request, self.facts, self.model, self.limits)
 
     def encode(self, rendered: Rendered) -> pipeline.AnswerBody:

@@ -114,7 +114,9 @@ class TokenizeApi:
         _flag(payload, "add_generation_prompt", True)
         chat_fields = {key: value for key, value in payload.items() if key in _CHAT_FIELDS}
         limits = self.render.limits
-        chat = chat_request.chat_from_payload(chat_fields, reserved=self.render.reserved, max_images=limits.max_images)
+        chat = chat_request.chat_from_payload(
+            chat_fields, reserved=self.render.reserved, max_images=limits.max_images, max_audio=limits.max_audio_items
+        )
         return TokenizeRequest(self.render.checked(chat), None, False, token_strs)
 
     def needs_fetch(self, request: TokenizeRequest) -> bool:

@@ -57,6 +57,10 @@ def _leaf(value: object) -> Iterator[bytes | memoryview]:
             yield from _item("image", {"io_config": value.io_config, "data": value.data})
         else:
             yield from _item("image", value.data)
+    elif isinstance(value, np.ndarray):
+        # An audio clip as vLLM hashes a decoded array: its dtype, its shape and its bytes.
+        data = np.ascontiguousarray(value).view(np.uint8).data
+        yield from _item("ndarray", {"dtype": value.dtype.str, "shape": value.shape, "data": data})
     elif isinstance(value, (bytes, memoryview)):
         yield from _framed(value)
     elif isinstance(value, str):
@@ -92,7 +96,7 @@ def _item(key: str, value: object) -> Iterator[bytes | memoryview]:
     yield from _value(value)
 
 
-def mm_hash(model_id: str, modality: str, item: EncodedImage, processor_kwargs: Mapping[str, Any]) -> str:
+def mm_hash(model_id: str, modality: str, item: EncodedImage | np.ndarray[Any, Any], processor_kwargs: Mapping[str, Any]) -> str:
     """The hex digest vLLM gives ``item`` (blake3, vLLM's default ``mm_hasher_algorithm``).
 
     ``processor_kwargs``: per-request processor arguments (none from this server's API)."""
