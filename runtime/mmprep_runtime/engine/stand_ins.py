@@ -63,6 +63,7 @@ PATCHIFY: Final = "patchify"
 PROCESS_IMAGE: Final = "process_image"
 RESCALE_AND_NORMALIZE: Final = "rescale_and_normalize"
 PAD_FOR_BATCHING: Final = "_pad_for_batching"
+EXTRACT_FBANK: Final = "_torch_extract_fbank_features"
 _MODALITY_TYPES: Final = (("image", 1), ("video", 2), ("audio", 3))
 
 
@@ -110,6 +111,16 @@ def _image_processor_stand_ins() -> dict[type, type]:
         if library is not None and all(getattr(library, step, None) is not None for step in steps):
             classes[library] = type(library.__name__, (library,), {**steps, "__module__": __name__, "__doc__": library.__doc__})
     return classes
+
+
+@functools.cache
+def _feature_extractor_stand_ins() -> dict[type, type]:
+    """Whisper's feature extractor (Qwen2-Audio's) -> a subclass of the same name with its stand-in."""
+    library = _library_class("whisper.feature_extraction_whisper", "WhisperFeatureExtractor")
+    if library is None or getattr(library, EXTRACT_FBANK, None) is None:
+        return {}
+    steps = {EXTRACT_FBANK: _torch_extract_fbank_features, "__module__": __name__, "__doc__": library.__doc__}
+    return {library: type(library.__name__, (library,), steps)}
 
 
 @functools.cache
@@ -326,6 +337,41 @@ _STAND_INS: Final = {
 _TOKENIZER_STAND_INS: Final = {ENCODE_PLUS: _encode_plus}
 
 
+def _torch_extract_fbank_features(self: Any, waveform: Any, device: str = "cpu") -> Any:
+    """Whisper's log-mel spectrogram, its STFT run over the frames that hear a sample only.
+
+    The extractor pads every clip with silence to its 30 s window, and the library's STFT and
+    magnitudes cost two thirds of the call however short the clip. A frame that sees only silence
+    (zeros, its reflected edge included) has a spectrum of exact zeros, so those frames' magnitudes
+    are written as zeros; the mel projection, the logarithm and the clamp to the maximum then run
+    over the whole window as the library runs them (the same shapes: the same kernels, the same
+    bytes). Dither, another device or a single unbatched clip take the library's own step.
+    """
+    import numpy as np
+    import torch
+
+    library = super(type(self), self)._torch_extract_fbank_features
+    hop, n_fft = self.hop_length, self.n_fft
+    if device != "cpu" or self.dither != 0.0 or getattr(waveform, "ndim", 0) != 2:
+        return library(waveform, device)
+    frames = waveform.shape[-1] // hop  # the library keeps all of its 1 + length // hop but the last
+    sounding = np.flatnonzero(waveform.any(axis=0))
+    end = int(sounding[-1]) + 1 if sounding.size else 0
+    # Frame t sees samples from t * hop - n_fft // 2 on: from this one on, silence only.
+    silent_from = -(-(end + n_fft // 2) // hop)
+    if silent_from + 2 >= frames or waveform.shape[-1] - end <= n_fft:
+        return library(waveform, device)
+    head = torch.from_numpy(np.ascontiguousarray(waveform[:, : silent_from * hop + n_fft])).to(device, torch.float32)
+    stft = torch.stft(head, n_fft, hop, window=torch.hann_window(n_fft, device=device), return_complex=True)
+    magnitudes = torch.zeros((waveform.shape[0], stft.shape[1], frames), dtype=torch.float32)
+    magnitudes[..., :silent_from] = stft[..., :silent_from].abs() ** 2
+    mel_spec = torch.from_numpy(self.mel_filters).to(device, torch.float32).T @ magnitudes
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    max_val = log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0]
+    log_spec = torch.maximum(log_spec, max_val - 8.0)
+    return ((log_spec + 4.0) / 4.0).numpy()
+
+
 def _bind(target: Any, base: type | None, stand_ins: dict[str, Any]) -> list[str]:
     if base is None or not isinstance(target, base):
         return []
@@ -351,6 +397,11 @@ def apply(processor: Any) -> tuple[str, ...]:
     if fast is not None:
         image_processor.__class__ = fast
         applied += _image_steps(fast)
+    feature_extractor = getattr(processor, "feature_extractor", None)
+    trimmed = _feature_extractor_stand_ins().get(type(feature_extractor))
+    if trimmed is not None:
+        feature_extractor.__class__ = trimmed
+        applied.append(EXTRACT_FBANK)
     return tuple(applied)
 
 
@@ -363,8 +414,10 @@ def applied(processor: Any) -> tuple[str, ...]:
     tokenizer = patches.tokenizer_of(processor)
     image_class = type(getattr(processor, "image_processor", None))
     fast_image_processor = image_class in _image_processor_stand_ins().values()
+    trimmed = type(getattr(processor, "feature_extractor", None)) in _feature_extractor_stand_ins().values()
     return tuple(
         [name for name in _STAND_INS if isinstance(vars(processor).get(name), types.MethodType)]
         + [name for name in _TOKENIZER_STAND_INS if isinstance(getattr(tokenizer, "__dict__", {}).get(name), types.MethodType)]
         + (_image_steps(image_class) if fast_image_processor else [])
+        + ([EXTRACT_FBANK] if trimmed else [])
     )

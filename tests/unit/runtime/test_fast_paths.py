@@ -349,3 +349,23 @@ def test_the_tokenizer_stand_in_leaves_every_other_call_to_the_library(qwen_dir,
     seen.clear()
     fast("words", return_tensors="pt")
     assert seen == [None], "the common case: lists from the library, converted by the stand-in"
+
+
+@pytest.mark.parametrize("seconds", [(0.01,), (0.5,), (2.5,), (10.0,), (29.9,), (30.0,), (35.0,), (0.5, 2.5), ()])
+def test_whispers_trimmed_stft_makes_the_library_features(tmp_path, seconds):
+    processor, _ = loading.load_processor(ModelSettings(model=str(models.make_model("qwen2-audio", tmp_path / "audio"))))
+    extractor = processor.feature_extractor
+    assert stand_ins.EXTRACT_FBANK in stand_ins.applied(processor)
+    library = type(extractor).__mro__[1]
+    rng = np.random.default_rng(len(seconds))
+    # The extractor's own batch: each clip (or a silent one) padded with zeros to its 30 s window.
+    waveform = np.zeros((max(len(seconds), 1), extractor.n_samples), np.float32)
+    for row, length in enumerate(seconds):
+        clip = rng.standard_normal(int(length * extractor.sampling_rate)).astype(np.float32)[: extractor.n_samples]
+        waveform[row, : len(clip)] = clip * 0.1
+    ours = extractor._torch_extract_fbank_features(waveform)
+    assert np.array_equal(ours, library._torch_extract_fbank_features(extractor, waveform))
+    # Dither (random per call) and a single unbatched clip are the library's own.
+    assert np.array_equal(
+        extractor._torch_extract_fbank_features(waveform[0]), library._torch_extract_fbank_features(extractor, waveform[0])
+    )
