@@ -98,7 +98,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=sizing.RENDER_PATHS,
         default=None,
         help="vLLM render API: auto (the native fast path for Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, Gemma 3, "
-        "Mistral 3, LLaVA-OneVision, InternVL and Idefics3, vLLM's own processing in worker processes for every "
+        "Mistral 3, LLaVA-OneVision, InternVL, Idefics3 and Qwen2-Audio, vLLM's own processing in worker processes for every "
         "other model), native, "
         "or general (default: env MMPREP_RENDER_PATH, else auto)",
     )

@@ -79,8 +79,9 @@ class ServingSpec(ApiModel):
     render_path: Literal["auto", "native", "general"] | None = Field(
         None,
         description="vllm-render: which path renders. auto (the default): mmprep's native fast path for Qwen2-VL, Qwen2.5-VL, "
-        "Qwen3-VL, GLM-4.1V, Gemma 3, Mistral 3, LLaVA-OneVision, InternVL and Idefics3, vLLM's own processing in worker"
-        " processes for every other model and for what the fast path does not render (video, audio, tools); native; or general "
+        "Qwen3-VL, GLM-4.1V, Gemma 3, Mistral 3, LLaVA-OneVision, InternVL, Idefics3 and Qwen2-Audio, vLLM's own processing "
+        "in worker processes for every other model and for what the fast path does not render (video, other audio, tools); "
+        "native; or general "
         "(always vLLM's own). Every path but native needs the vLLM image (the operator policy's vllmRenderImage, "
         "or spec.image).",
     )

@@ -29,7 +29,10 @@ unpacks its output again (Gemma 3's bilinear resize too). Given the interleaved 
 half the time (the same kernel on the same pixels: the same bytes), and ``patchify`` reads any
 layout; Gemma 3's and Pixtral's ``rescale_and_normalize`` makes the resized pixels channel-first before its float
 arithmetic, which runs at half speed over interleaved memory.
-An image processor serializes its instance attributes as its config, so these are not bound on
+Whisper's feature extractor (Qwen2-Audio's) pads every clip with silence to its 30 s window and
+runs its STFT over all of it; its stand-in runs the STFT over the frames that hear the clip and
+writes the silent frames' magnitudes as the exact zeros they are.
+An image processor (or feature extractor) serializes its instance attributes as its config, so these are not bound on
 the instance: the instance's class becomes a subclass of the same name that overrides only
 these steps (a deep copy keeps it; the config and the class name stay the library's).
 
