@@ -107,6 +107,7 @@ def _image_processor_stand_ins() -> dict[type, type]:
         ("pixtral.image_processing_pixtral", "PixtralImageProcessor", padded_batch),
         ("llava_onevision.image_processing_llava_onevision", "LlavaOnevisionImageProcessor", pixels),
         ("got_ocr2.image_processing_got_ocr2", "GotOcr2ImageProcessor", pixels),
+        ("idefics3.image_processing_idefics3", "Idefics3ImageProcessor", pixels),
     ]
     classes = {}
     for module, name, steps in image_processors:

@@ -209,6 +209,7 @@ IMAGE_STAND_INS = {
     "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE, stand_ins.PAD_FOR_BATCHING},
     "llava-onevision": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
     "internvl": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
+    "idefics3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
 }
 
 
