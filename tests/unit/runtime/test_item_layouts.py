@@ -156,3 +156,25 @@ def test_each_idefics3_item_is_its_tiles_their_masks_and_their_count() -> None:
     assert items[0]["num_patches"].field.wire() == ["batched", {"keep_on_cpu": True}]
     with pytest.raises(item_layouts.errors.Unprocessable, match="4 tiles for 5"):
         item_layouts.split_items({"pixel_values": pixels, "pixel_attention_mask": masks}, [3, 2], None)
+
+
+def test_idefics3_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
+    from mmprep_runtime.backends.native import stages
+    from mmprep_runtime.engine import decoding
+    from mmprep_runtime.synthetic import media
+
+    folder = models.make_model("idefics3", tmp_path / "idefics3")
+    processor, facts = loading.load_processor(ModelSettings(model=str(folder)))
+    model = model_facts.model_facts(processor, facts, RenderSettings())
+    # Three sizes (three grids of tiles), one image between text and a newline.
+    sizes = [(1280, 960), (200, 150), (333, 517)]
+    images = [
+        decoding.decode_image(media.jpeg(w, h, seed=i), "x", max_pixels=10**8, layout=facts.image_layout)
+        for i, (w, h) in enumerate(sizes)
+    ]
+    text = "<|begin_of_text|>User:<image>What<image>\n<image> is it?<end_of_utterance>\nAssistant:"
+    library = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+    ours = stages._process_split_tokenizing_once(processor, text, images, model)
+    assert set(ours) == {"input_ids", "pixel_values", "pixel_attention_mask"}
+    for name in ours:
+        assert torch.equal(ours[name], library[name]), name
