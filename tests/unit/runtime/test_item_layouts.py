@@ -178,3 +178,26 @@ def test_idefics3_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.P
     assert set(ours) == {"input_ids", "pixel_values", "pixel_attention_mask"}
     for name in ours:
         assert torch.equal(ours[name], library[name]), name
+
+
+def test_llava_onevision_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
+    from mmprep_runtime.backends.native import stages
+    from mmprep_runtime.engine import decoding
+    from mmprep_runtime.synthetic import media
+
+    folder = models.make_model("llava-onevision", tmp_path / "onevision")
+    processor, facts = loading.load_processor(ModelSettings(model=str(folder)))
+    model = model_facts.model_facts(processor, facts, RenderSettings())
+    sizes = [(1280, 960), (200, 150), (333, 517)]
+    images = [
+        decoding.decode_image(media.jpeg(w, h, seed=i), "x", max_pixels=10**8, layout=facts.image_layout)
+        for i, (w, h) in enumerate(sizes)
+    ]
+    # One image (its tiles' features), and several (each its base features: the multi-image rule).
+    for text, count in (("user\n<image>What?", 1), ("user\n<image>What<image>\n<image> is it?", 3)):
+        library = processor(
+            text=[text], images=images[:count], return_tensors="pt", add_special_tokens=False, **model.processor_kwargs
+        )
+        ours = stages._process_tiles_tokenizing_once(processor, text, images[:count], model)
+        for name in ours:
+            assert torch.equal(ours[name], library[name]), (count, name)

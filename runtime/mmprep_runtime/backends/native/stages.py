@@ -177,6 +177,8 @@ def render(
             outputs = _process_tokenizing_once(processor, text, images, model)
         elif images and model.item_layout == ROWS and (block := _row_block(processor)):
             outputs = _process_rows_tokenizing_once(processor, text, images, model, block)
+        elif images and model.item_layout == TILES and model.image_token_id is not None:
+            outputs = _process_tiles_tokenizing_once(processor, text, images, model)
         elif images and model.item_layout == SPLIT and model.image_token_id is not None:
             outputs = _process_split_tokenizing_once(processor, text, images, model)
         elif images:
@@ -250,13 +252,30 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     repeats the placeholder's id instead; special tokens never merge with their neighbours, so
     the ids are the same (the compatibility tests compare them), for a fraction of the cost.
     """
-    import numpy as np
-    import torch
-
     image_processor = processor.image_processor
     image_outputs = dict(image_processor(images=images, return_tensors="pt", **model.processor_kwargs))
     counts = (image_outputs["image_grid_thw"].prod(-1) // image_processor.merge_size**2).numpy()
-    ids, positions = _image_token_positions(processor, text, model.image_token_id, len(images))
+    return _with_image_tokens_repeated(processor, text, model, counts, image_outputs)
+
+
+def _process_tiles_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
+    """LLaVA-OneVision's outputs, with the prompt tokenized before its image tokens are repeated:
+    its processor writes about 7,300 of them for a 1280x960 image and tokenizes them all. Each
+    image's count is the one the processor writes (its own ``replace_image_token``)."""
+    image_outputs = dict(processor.image_processor(images=images, return_tensors="pt", **model.processor_kwargs))
+    token = processor.image_token
+    counts = [len(processor.replace_image_token(image_outputs, image_idx=index)) // len(token) for index in range(len(images))]
+    return _with_image_tokens_repeated(processor, text, model, counts, image_outputs)
+
+
+def _with_image_tokens_repeated(
+    processor: Any, text: str, model: ModelFacts, counts: Any, image_outputs: dict[str, Any]
+) -> dict[str, Any]:
+    """The prompt's ids with each image's one token repeated its count of times, beside the image outputs."""
+    import numpy as np
+    import torch
+
+    ids, positions = _image_token_positions(processor, text, model.image_token_id, len(counts))
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[positions] = counts
     return {"input_ids": torch.from_numpy(np.repeat(ids, repeats))[None], **image_outputs}
