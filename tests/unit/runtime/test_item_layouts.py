@@ -158,20 +158,25 @@ def test_each_idefics3_item_is_its_tiles_their_masks_and_their_count() -> None:
         item_layouts.split_items({"pixel_values": pixels, "pixel_attention_mask": masks}, [3, 2], None)
 
 
-def test_idefics3_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
-    from mmprep_runtime.backends.native import stages
+def _loaded_with_images(kind: str, tmp_path: pathlib.Path) -> tuple[object, model_facts.ModelFacts, list[object]]:
+    """A ``kind`` folder's processor, its model facts and three decoded JPEGs of different sizes."""
     from mmprep_runtime.engine import decoding
     from mmprep_runtime.synthetic import media
 
-    folder = models.make_model("idefics3", tmp_path / "idefics3")
-    processor, facts = loading.load_processor(ModelSettings(model=str(folder)))
-    model = model_facts.model_facts(processor, facts, RenderSettings())
-    # Three sizes (three grids of tiles), one image between text and a newline.
+    processor, facts = loading.load_processor(ModelSettings(model=str(models.make_model(kind, tmp_path / kind))))
     sizes = [(1280, 960), (200, 150), (333, 517)]
     images = [
         decoding.decode_image(media.jpeg(w, h, seed=i), "x", max_pixels=10**8, layout=facts.image_layout)
         for i, (w, h) in enumerate(sizes)
     ]
+    return processor, model_facts.model_facts(processor, facts, RenderSettings()), images
+
+
+def test_idefics3_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
+    from mmprep_runtime.backends.native import stages
+
+    # Three sizes (three grids of tiles), one image between text and a newline.
+    processor, model, images = _loaded_with_images("idefics3", tmp_path)
     text = "<|begin_of_text|>User:<image>What<image>\n<image> is it?<end_of_utterance>\nAssistant:"
     library = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
     ours = stages._process_split_tokenizing_once(processor, text, images, model)
@@ -182,17 +187,8 @@ def test_idefics3_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.P
 
 def test_llava_onevision_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
     from mmprep_runtime.backends.native import stages
-    from mmprep_runtime.engine import decoding
-    from mmprep_runtime.synthetic import media
 
-    folder = models.make_model("llava-onevision", tmp_path / "onevision")
-    processor, facts = loading.load_processor(ModelSettings(model=str(folder)))
-    model = model_facts.model_facts(processor, facts, RenderSettings())
-    sizes = [(1280, 960), (200, 150), (333, 517)]
-    images = [
-        decoding.decode_image(media.jpeg(w, h, seed=i), "x", max_pixels=10**8, layout=facts.image_layout)
-        for i, (w, h) in enumerate(sizes)
-    ]
+    processor, model, images = _loaded_with_images("llava-onevision", tmp_path)
     # One image (its tiles' features), and several (each its base features: the multi-image rule).
     for text, count in (("user\n<image>What?", 1), ("user\n<image>What<image>\n<image> is it?", 3)):
         library = processor(
