@@ -194,6 +194,43 @@ def test_llava_onevision_tokenized_once_is_what_its_processor_makes(tmp_path: pa
         library = processor(
             text=[text], images=images[:count], return_tensors="pt", add_special_tokens=False, **model.processor_kwargs
         )
-        ours = stages._process_tiles_tokenizing_once(processor, text, images[:count], model)
+        ours = stages._process_tiles_tokenizing_once(processor, text, images[:count], model, None)
         for name in ours:
             assert torch.equal(ours[name], library[name]), (count, name)
+        # Normalized patch by patch straight into the model's dtype: what vLLM's cast makes of the library's batch.
+        in_bf16 = stages._process_tiles_tokenizing_once(processor, text, images[:count], model, "bfloat16")
+        assert in_bf16["pixel_values"].dtype == torch.bfloat16
+        assert torch.equal(in_bf16["pixel_values"], library["pixel_values"].to(torch.bfloat16))
+
+
+def test_llava_onevision_tiles_of_images_with_different_counts_are_padded_with_zeros_as_the_library_pads(
+    tmp_path: pathlib.Path,
+) -> None:
+    from mmprep_runtime.backends.native import stages
+
+    processor, model, images = _loaded_with_images("llava-onevision", tmp_path)
+    library = processor.image_processor(images=images, return_tensors="pt")
+    ours = stages._tiles_in_dtype(processor.image_processor, images, model, "bfloat16")
+    assert ours is not None
+    counts = [int((tiles != 0).flatten(1).any(1).sum()) for tiles in library["pixel_values"]]
+    assert len(set(counts)) > 1, "the three sizes make different tile counts"
+    assert torch.equal(ours["pixel_values"], library["pixel_values"].to(torch.bfloat16))
+    for name in ("image_sizes", "batch_num_images"):
+        assert torch.equal(ours[name], library[name]), name
+    # An image processor that does not pad: the library's own call answers (and refuses the ragged batch itself).
+    processor.image_processor.do_pad = False
+    assert stages._tiles_in_dtype(processor.image_processor, images, model, "bfloat16") is None
+    assert stages._tiles_in_dtype(processor.image_processor, images[:1], model, "bfloat16") is not None
+
+
+def test_internvl_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
+    from mmprep_runtime.backends.native import stages
+
+    processor, model, images = _loaded_with_images("internvl", tmp_path)
+    text = "<|im_start|>user\n<IMG_CONTEXT>What<IMG_CONTEXT>\n<IMG_CONTEXT> is it?<|im_end|>"
+    library = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
+    for dtype in (None, "bfloat16"):
+        ours = stages._process_crops_tokenizing_once(processor, text, images, model, dtype)
+        assert torch.equal(ours["input_ids"], library["input_ids"])
+        expected = library["pixel_values"] if dtype is None else library["pixel_values"].to(torch.bfloat16)
+        assert ours["pixel_values"].dtype == expected.dtype and torch.equal(ours["pixel_values"], expected), dtype

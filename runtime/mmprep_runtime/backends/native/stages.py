@@ -33,7 +33,7 @@ from typing import Any, Final
 from mmprep_runtime import errors
 from mmprep_runtime.backends import choice
 from mmprep_runtime.backends.model_facts import CROPS, ROWS, SEQUENCE, SPLIT, TILES, ModelFacts
-from mmprep_runtime.backends.native import chat_request, item_layouts, wire_format
+from mmprep_runtime.backends.native import chat_request, item_layouts, model_pixels, wire_format
 from mmprep_runtime.backends.native.generate_request import Rendered, encode_answer, generate_request
 from mmprep_runtime.engine import decoding, patches, pipeline
 from mmprep_runtime.engine.loading import ProcessorFacts
@@ -171,6 +171,7 @@ def render(
         images.append(image)
         encoded.append(identity)
     text = _prompt_text(processor, request, limits)
+    dtype = model.dtype if not model.device_normalize else None
     kwargs: dict[str, Any] = {"return_tensors": "pt", "add_special_tokens": False, **model.processor_kwargs}
     with errors.processor_call():
         if images and model.expands_by_grid:
@@ -178,9 +179,11 @@ def render(
         elif images and model.item_layout == ROWS and (block := _row_block(processor)):
             outputs = _process_rows_tokenizing_once(processor, text, images, model, block)
         elif images and model.item_layout == TILES and model.image_token_id is not None:
-            outputs = _process_tiles_tokenizing_once(processor, text, images, model)
+            outputs = _process_tiles_tokenizing_once(processor, text, images, model, dtype)
         elif images and model.item_layout == SPLIT and model.image_token_id is not None:
             outputs = _process_split_tokenizing_once(processor, text, images, model)
+        elif images and model.item_layout == CROPS and _normalizes_alone(model):
+            outputs = _process_crops_tokenizing_once(processor, text, images, model, dtype)
         elif images:
             outputs = processor(text=[text], images=images, **kwargs)
         else:
@@ -200,7 +203,6 @@ def render(
     if len(placeholders) != len(images):
         raise errors.Unprocessable(f"the rendered prompt has {len(placeholders)} image placeholder(s) for {len(images)} image(s)")
     _check_apart(placeholders)
-    dtype = model.dtype if not model.device_normalize else None
     if model.item_layout == SEQUENCE:
         items = item_layouts.sequence_items(outputs, len(images), dtype)
     elif model.item_layout == ROWS:
@@ -258,14 +260,51 @@ def _process_tokenizing_once(processor: Any, text: str, images: list[Any], model
     return _with_image_tokens_repeated(processor, text, model, counts, image_outputs)
 
 
-def _process_tiles_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
-    """LLaVA-OneVision's outputs, with the prompt tokenized before its image tokens are repeated:
-    its processor writes about 7,300 of them for a 1280x960 image and tokenizes them all. Each
-    image's count is the one the processor writes (its own ``replace_image_token``)."""
-    image_outputs = dict(processor.image_processor(images=images, return_tensors="pt", **model.processor_kwargs))
+def _process_tiles_tokenizing_once(
+    processor: Any, text: str, images: list[Any], model: ModelFacts, dtype: str | None
+) -> dict[str, Any]:
+    """LLaVA-OneVision's outputs, its tiles normalized into the model's dtype where they can be
+    (``_tiles_in_dtype``), with the prompt tokenized before its image tokens are repeated: its
+    processor writes about 7,300 of them for a 1280x960 image and tokenizes them all. Each image's
+    count is the one the processor writes (its own ``replace_image_token``)."""
+    image_outputs = _tiles_in_dtype(processor.image_processor, images, model, dtype)
+    if image_outputs is None:
+        image_outputs = dict(processor.image_processor(images=images, return_tensors="pt", **model.processor_kwargs))
     token = processor.image_token
     counts = [len(processor.replace_image_token(image_outputs, image_idx=index)) // len(token) for index in range(len(images))]
     return _with_image_tokens_repeated(processor, text, model, counts, image_outputs)
+
+
+def _tiles_in_dtype(image_processor: Any, images: list[Any], model: ModelFacts, dtype: str | None) -> dict[str, Any] | None:
+    """LLaVA-OneVision's image outputs with its tiles normalized by ``model_pixels``; None where
+    the library's own call must answer (its normalizing arguments given, or images with different
+    tile counts that it is told not to pad).
+
+    The image processor pads each image's tiles to the most any image has, with zeros after its
+    normalizing: here the uint8 tiles come unpadded and the missing ones are zeros in the answer.
+    """
+    import torch
+    from transformers import BatchFeature
+
+    call = model.processor_kwargs
+    if not _normalizes_alone(model):
+        return None
+    raw = image_processor(images=images, return_tensors=None, **{**call, **model_pixels.SKIP_NORMALIZE, "do_pad": False})
+    counts = [len(tiles) for tiles in raw["pixel_values"]]
+    most = max(counts)
+    if not call.get("do_pad", image_processor.do_pad) and min(counts) != most:
+        return None
+    flat = model_pixels.normalized(image_processor, [tile for tiles in raw["pixel_values"] for tile in tiles], dtype, call)
+    if min(counts) == most:
+        pixels = flat.view(len(counts), most, *flat.shape[1:])
+    else:
+        pixels = torch.zeros((len(counts), most, *flat.shape[1:]), dtype=flat.dtype)
+        start = 0
+        for index, count in enumerate(counts):
+            pixels[index, :count] = flat[start : start + count]
+            start += count
+    sizes = BatchFeature({"image_sizes": raw["image_sizes"], "batch_num_images": raw["batch_num_images"]}, tensor_type="pt")
+    return {"pixel_values": pixels, **sizes}
 
 
 def _with_image_tokens_repeated(
@@ -313,23 +352,20 @@ def _process_rows_tokenizing_once(processor: Any, text: str, images: list[Any], 
     the processor gives it: the token's side (``block``) as the patch size to resize to.
     """
     import numpy as np
-    import torch
 
     image_outputs = dict(
         processor.image_processor(images=images, return_tensors="pt", patch_size=block, **model.processor_kwargs)
     )
     image_id, break_id, end_id = model.row_ids
     ids, positions = _image_token_positions(processor, text, image_id, len(images))
-    pieces, start = [], 0
-    for position, (height, width) in zip(positions.tolist(), image_outputs["image_sizes"].tolist(), strict=True):
+    expansions = []
+    for height, width in image_outputs["image_sizes"].tolist():
         rows = np.full((height // block, width // block + 1), image_id, dtype=np.int64)
         rows[:, -1] = break_id
         expanded = rows.reshape(-1)
         expanded[-1] = end_id
-        pieces += [ids[start:position], expanded]
-        start = position + 1
-    pieces.append(ids[start:])
-    return {"input_ids": torch.from_numpy(np.concatenate(pieces))[None], **image_outputs}
+        expansions.append(expanded)
+    return {"input_ids": _spliced(ids, positions, expansions), **image_outputs}
 
 
 def _process_split_tokenizing_once(processor: Any, text: str, images: list[Any], model: ModelFacts) -> dict[str, Any]:
@@ -343,20 +379,65 @@ def _process_split_tokenizing_once(processor: Any, text: str, images: list[Any],
     (the compatibility tests compare them with vLLM's).
     """
     import numpy as np
-    import torch
 
     image_outputs = dict(
         processor.image_processor(images=[images], return_tensors="pt", return_row_col_info=True, **model.processor_kwargs)
     )
     rows, columns = image_outputs.pop("rows")[0], image_outputs.pop("cols")[0]
     ids, positions = _image_token_positions(processor, text, model.image_token_id, len(images))
-    pieces = []
-    start = 0
-    for position, image_rows, image_columns in zip(positions, rows, columns, strict=True):
-        pieces += [ids[start:position], np.asarray(_split_tokens(processor, int(image_rows), int(image_columns)), dtype=np.int64)]
+    expansions = [
+        np.asarray(_split_tokens(processor, int(image_rows), int(image_columns)), dtype=np.int64)
+        for image_rows, image_columns in zip(rows, columns, strict=True)
+    ]
+    return {"input_ids": _spliced(ids, positions, expansions), **image_outputs}
+
+
+def _normalizes_alone(model: ModelFacts) -> bool:
+    """Whether ``model_pixels`` may normalize this model's patches: only where its call arguments
+    leave rescaling and normalizing to the image processor's own settings or skip both."""
+    given = {name: model.processor_kwargs[name] for name in model_pixels.NORMALIZE_STEPS if name in model.processor_kwargs}
+    return not given or given == model_pixels.SKIP_NORMALIZE
+
+
+def _process_crops_tokenizing_once(
+    processor: Any, text: str, images: list[Any], model: ModelFacts, dtype: str | None
+) -> dict[str, Any]:
+    """InternVL's outputs, its crops normalized into the model's dtype (``model_pixels``) and its
+    prompt tokenized before its images are written out.
+
+    InternVL's processor writes each image as its start token, 256 context tokens per crop and its
+    end token (about 3,300 tokens for a 1280x960 image in 13 crops) and tokenizes them all. Here the
+    prompt is tokenized with its one context token per image and each is replaced by the same ids;
+    all three are special tokens, which never merge with their neighbours (the compatibility tests
+    compare the ids with vLLM's). The image processor crops as the processor asks it to.
+    """
+    import numpy as np
+
+    call = {"crop_to_patches": True, **model.processor_kwargs}
+    image_outputs = processor.image_processor(images=images, return_tensors=None, **{**call, **model_pixels.SKIP_NORMALIZE})
+    crops = list(image_outputs["num_patches"])
+    start_id, context_id, end_id = model.crop_ids
+    ids, positions = _image_token_positions(processor, text, context_id, len(images))
+    expansions = []
+    for count in crops:
+        expanded = np.full(count * model.tokens_per_crop + 2, context_id, dtype=np.int64)
+        expanded[0], expanded[-1] = start_id, end_id
+        expansions.append(expanded)
+    pixels = model_pixels.normalized(processor.image_processor, image_outputs["pixel_values"], dtype, call)
+    return {"input_ids": _spliced(ids, positions, expansions), "pixel_values": pixels}
+
+
+def _spliced(ids: Any, positions: Any, expansions: list[Any]) -> Any:
+    """The prompt's ids (a batch of one) with the id at each of ``positions`` replaced by its expansion."""
+    import numpy as np
+    import torch
+
+    pieces, start = [], 0
+    for position, expanded in zip(positions.tolist(), expansions, strict=True):
+        pieces += [ids[start:position], expanded]
         start = position + 1
     pieces.append(ids[start:])
-    return {"input_ids": torch.from_numpy(np.concatenate(pieces))[None], **image_outputs}
+    return torch.from_numpy(np.concatenate(pieces))[None]
 
 
 def _split_tiles(processor: Any, image: Any) -> tuple[int, int, int]:
