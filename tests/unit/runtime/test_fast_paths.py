@@ -207,8 +207,8 @@ IMAGE_STAND_INS = {
     "gemma3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
     "glm4v": {stand_ins.PROCESS_IMAGE, stand_ins.PATCHIFY},
     "mistral3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE, stand_ins.PAD_FOR_BATCHING},
-    "llava-onevision": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
-    "internvl": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
+    "llava-onevision": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE, stand_ins.GET_IMAGE_PATCHES},
+    "internvl": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE, stand_ins.CROP_IMAGE_TO_PATCHES},
     "idefics3": {stand_ins.PROCESS_IMAGE, stand_ins.RESCALE_AND_NORMALIZE},
 }
 
@@ -222,10 +222,33 @@ def test_other_families_image_processors_make_the_library_outputs_from_decoded_t
     assert IMAGE_STAND_INS[kind] <= set(facts.fast_paths)
     images = [_decoded(w, h, seed, how) for seed, (w, h) in enumerate([(1280, 960), (40, 30), (333, 517), (1280, 960)])]
     # One image, images of one size (Pixtral's batch needs no padding), and of several sizes.
+    # InternVL's processor asks its image processor for crops.
+    calls = [{}, {"crop_to_patches": True}] if kind == "internvl" else [{}]
     for batch in ([images[0]], [images[0], images[3]], images):
-        for kwargs in ({}, {"do_normalize": False, "do_rescale": False}):
+        for kwargs in [{**call, **skip} for call in calls for skip in ({}, {"do_normalize": False, "do_rescale": False})]:
             ours = processor.image_processor(images=batch, return_tensors="pt", **kwargs)
             _same_outputs(library(images=batch, return_tensors="pt", **kwargs), ours)
+
+
+def test_crops_and_tiles_numpy_cannot_hold_are_stacked_by_torch(tmp_path):
+    from transformers.image_utils import SizeDict
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import GotOcr2ImageProcessor
+    from transformers.models.llava_onevision.image_processing_llava_onevision import LlavaOnevisionImageProcessor
+
+    crops = _load(models.make_model("internvl", tmp_path / "internvl"), fast=True)[0].image_processor
+    size = SizeDict(height=448, width=448)
+    interleaved = torch.rand((2, 500, 700, 3)).to(torch.bfloat16).permute(0, 3, 1, 2)  # NumPy has no bfloat16
+    for images in (interleaved, interleaved.float()):
+        ours = crops.crop_image_to_patches(images, 1, 12, patch_size=size)
+        theirs = GotOcr2ImageProcessor.crop_image_to_patches(crops, images, 1, 12, patch_size=size)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs) and ours.is_contiguous()
+    tiles = _load(models.make_model("llava-onevision", tmp_path / "ov"), fast=True)[0].image_processor
+    pinpoints = tiles.image_grid_pinpoints
+    for image in (interleaved[0], interleaved[0].float()):
+        ours = tiles._get_image_patches(image, pinpoints, size=(384, 384), patch_size=384, resample=None)
+        theirs = LlavaOnevisionImageProcessor._get_image_patches(tiles, image, pinpoints, (384, 384), 384, None)
+        assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert stand_ins._stacked_through_numpy([torch.zeros(3, 4, 4), torch.zeros(3, 4, 5)], 0) is None
 
 
 def test_process_image_leaves_other_inputs_to_the_library(qwen_dir):
