@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from mmprep_runtime import versions
+from mmprep_runtime.engine import planar
 from mmprep_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mmprep_runtime.server.state import STATE, not_ready_reason
 
@@ -59,6 +60,7 @@ async def handle_info(request: web.Request) -> web.Response:
     info["limits"] = dataclasses.asdict(state.settings.limits)
     info["deadline_s"] = state.settings.load.deadline_s
     info["event_loop"] = event_loop_name(asyncio.get_running_loop())
+    info["channel_split"] = "opencv" if planar.opencv_split_available() else "numpy"
     if state.engines is not None:
         info["engines"] = state.engines.info()
     if state.serving is not None:

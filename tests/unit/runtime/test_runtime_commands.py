@@ -80,6 +80,8 @@ def test_serve_finishes_in_flight_requests_on_sigterm_and_exits_zero(qwen_dir):
         assert json.loads(info)["workers"] == {**json.loads(info)["workers"], "processor": 1, "reason": "Explicit"}
         # The runtime extra installs uvloop, and the served process must actually run on it.
         assert json.loads(info)["event_loop"] == "uvloop"
+        # The test extra installs OpenCV: its split deinterleaves the pixels.
+        assert json.loads(info)["channel_split"] == "opencv"
         # Large images on one worker: the requests queue behind each other for a while.
         payload = {
             "text": f"what is {models.QWEN_IMAGE_PLACEHOLDER}",
