@@ -136,6 +136,19 @@ def _numpy_dtypes() -> tuple[Any, ...]:
     return (torch.uint8, torch.float32, torch.float16, torch.float64)
 
 
+def _numpy_holds(pixels: Any, dims: int) -> bool:
+    """Whether ``pixels`` is a ``dims``-dimensional CPU tensor of values NumPy can copy as they are."""
+    import torch
+
+    return (
+        isinstance(pixels, torch.Tensor)
+        and pixels.dim() == dims
+        and pixels.device.type == "cpu"
+        and not pixels.requires_grad
+        and pixels.dtype in _numpy_dtypes()
+    )
+
+
 @functools.cache
 def _feature_extractor_stand_ins() -> dict[type, type]:
     """Whisper's feature extractor (Qwen2-Audio's) -> a subclass of the same name with its stand-in."""
@@ -250,14 +263,7 @@ def _patchify(self: Any, images: Any, patch_size: int, merge_size: int, temporal
     import torch
 
     library = getattr(type(self).__mro__[1], PATCHIFY)
-    common = (
-        isinstance(images, torch.Tensor)
-        and images.dim() == 4
-        and images.device.type == "cpu"
-        and not images.requires_grad
-        and images.dtype in _numpy_dtypes()
-        and all(type(n) is int and n > 0 for n in (patch_size, merge_size, temporal_patch_size))
-    )
+    common = _numpy_holds(images, 4) and all(type(n) is int and n > 0 for n in (patch_size, merge_size, temporal_patch_size))
     if not common:
         return library(self, images, patch_size, merge_size, temporal_patch_size)  # type: ignore[no-any-return]
     batch, channels, height, width = images.shape
@@ -355,25 +361,16 @@ def _stacked_through_numpy(views: list[Any], dim: int) -> Any:
     """``torch.stack(views, dim)``, each view copied by NumPy; None where NumPy cannot hold them
     (another device, a dtype NumPy lacks, views of different shapes or dtypes).
 
-    The views are crops of an image in the interleaved memory its decoder wrote, and stacking
-    makes each channel-first: a transposing copy with a one-byte stride, which NumPy's copy does in
-    about 40% of torch's time (13 crops of 448x448: 1.0 ms against 2.6). Copies of values: the same
-    bytes."""
+    The views are crops of an image, each copied whole: where they are channel-first views of
+    interleaved memory (the library's own crops), NumPy's transposing copy takes about 40% of
+    torch's time (13 crops of 448x448: 1.0 ms against 2.6). Copies of values: the same bytes."""
     import numpy as np
     import torch
 
-    if not views or not isinstance(views[0], torch.Tensor):
-        return None
-    first = views[0]
-    holdable = first.dtype in _numpy_dtypes() and all(
-        isinstance(view, torch.Tensor)
-        and view.device.type == "cpu"
-        and not view.requires_grad
-        and view.dtype == first.dtype
-        and view.shape == first.shape
-        for view in views
-    )
-    if not holdable:
+    first = views[0] if views else None
+    if not isinstance(first, torch.Tensor) or not all(
+        _numpy_holds(view, first.dim()) and view.dtype == first.dtype and view.shape == first.shape for view in views
+    ):
         return None
     shape = tuple(first.shape)
     out = np.empty((*shape[:dim], len(views), *shape[dim:]), dtype=first.numpy().dtype)
@@ -417,22 +414,17 @@ def _crop_image_to_patches(
 
 
 def _get_image_patches(self: Any, image: Any, grid_pinpoints: Any, size: Any, patch_size: int, resample: Any) -> Any:
-    import torch
 
     # LLaVA-OneVision's tiles: the library resizes the image for the best grid, pads the whole of
     # it with zeros to the grid (a copy), cuts the padded image into tiles (views of interleaved
-    # memory) and later stacks them, transposing each. Here each tile is written once, channel-first
-    # by NumPy, from the resized image where it covers the tile, and the zeros where it does not:
-    # the same bytes. The library's own steps size and resize.
+    # memory) and later stacks them, transposing each. Here the resized image is deinterleaved once
+    # (``planar``) and each tile written once from what of it the tile covers, zeros elsewhere: the
+    # same bytes. The library's own steps size and resize.
     library_class = type(self).__mro__[1]
     module = importlib.import_module(library_class.__module__)
     steps: list[Any] = [getattr(module, name, None) for name in ("select_best_resolution", "SizeDict", "ChannelDimension")]
     common = (
-        isinstance(image, torch.Tensor)
-        and image.dim() == 3
-        and image.device.type == "cpu"
-        and not image.requires_grad
-        and image.dtype in _numpy_dtypes()
+        _numpy_holds(image, 3)
         and isinstance(grid_pinpoints, list)
         and type(patch_size) is int
         and patch_size > 0
