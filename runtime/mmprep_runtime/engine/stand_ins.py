@@ -414,7 +414,6 @@ def _crop_image_to_patches(
 
 
 def _get_image_patches(self: Any, image: Any, grid_pinpoints: Any, size: Any, patch_size: int, resample: Any) -> Any:
-
     # LLaVA-OneVision's tiles: the library resizes the image for the best grid, pads the whole of
     # it with zeros to the grid (a copy), cuts the padded image into tiles (views of interleaved
     # memory) and later stacks them, transposing each. Here the resized image is deinterleaved once
@@ -539,6 +538,9 @@ def apply(processor: Any) -> tuple[str, ...]:
     if fast is not None:
         image_processor.__class__ = fast
         applied += _image_steps(fast)
+        # OpenCV (``planar``) is imported now, with the processor, off the event loop: a first import
+        # takes about 0.7 s, which the first request or the first ``/v1/info`` would otherwise wait.
+        planar.opencv_split_available()
     feature_extractor = getattr(processor, "feature_extractor", None)
     trimmed = _feature_extractor_stand_ins().get(type(feature_extractor))
     if trimmed is not None:
