@@ -108,6 +108,15 @@ def test_each_pixtral_item_is_its_image_without_the_batchs_padding() -> None:
     assert torch.equal(items[1]["pixel_values"].data, pixels[1, :, :4, :2]) and items[1]["pixel_values"].data.is_contiguous()
 
 
+
+def test_a_pixtral_image_in_interleaved_memory_leaves_channel_first_with_the_same_values() -> None:
+    # The decoder's memory, which the image processor keeps for uint8 pixels: (height, width, channel).
+    interleaved = torch.arange(6 * 8 * 3, dtype=torch.int64).to(torch.uint8).reshape(1, 6, 8, 3).permute(0, 3, 1, 2)
+    items = item_layouts.rows_items({"pixel_values": interleaved, "image_sizes": torch.tensor([[6, 8]])}, 1, None)
+    pixels = items[0]["pixel_values"].data
+    assert pixels.is_contiguous() and torch.equal(pixels, interleaved[0])
+
+
 START, CTX, STOP = 20, 21, 22
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from mmprep_runtime import errors
 from mmprep_runtime.backends.native import wire_format
 from mmprep_runtime.backends.native.wire_format import KwargsElement
+from mmprep_runtime.engine import planar
 
 Item = dict[str, KwargsElement]
 
@@ -102,14 +103,18 @@ def sequence_items(outputs: Mapping[str, Any], count: int, dtype: str | None) ->
 
 
 def rows_items(outputs: Mapping[str, Any], count: int, dtype: str | None) -> list[Item]:
-    """One item per image: its pixels without the batch's padding (``image_sizes``), as vLLM cuts them."""
+    """One item per image: its pixels without the batch's padding (``image_sizes``), as vLLM cuts them.
+
+    uint8 pixels left for the GPU to normalize are still in the decoder's interleaved memory (the
+    image processor keeps it): ``planar`` deinterleaves them, where torch's copy to channel-first
+    memory took about an eighth of Mistral 3's CPU per request. The same values."""
     if not count:
         return []
     pixels = to_model_dtype(outputs["pixel_values"], dtype)
     sizes = outputs["image_sizes"].tolist()
     batched = wire_format.BatchedField()
     return [
-        {"pixel_values": KwargsElement(pixels[index, :, :height, :width].contiguous(), batched)}
+        {"pixel_values": KwargsElement(planar.channel_first(pixels[index, :, :height, :width]), batched)}
         for index, (height, width) in enumerate(sizes)
     ]
 
