@@ -108,7 +108,6 @@ def test_each_pixtral_item_is_its_image_without_the_batchs_padding() -> None:
     assert torch.equal(items[1]["pixel_values"].data, pixels[1, :, :4, :2]) and items[1]["pixel_values"].data.is_contiguous()
 
 
-
 def test_a_pixtral_image_in_interleaved_memory_leaves_channel_first_with_the_same_values() -> None:
     # The decoder's memory, which the image processor keeps for uint8 pixels: (height, width, channel).
     interleaved = torch.arange(6 * 8 * 3, dtype=torch.int64).to(torch.uint8).reshape(1, 6, 8, 3).permute(0, 3, 1, 2)
@@ -240,6 +239,20 @@ def test_internvl_tokenized_once_is_what_its_processor_makes(tmp_path: pathlib.P
     library = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
     for dtype in (None, "bfloat16"):
         ours = stages._process_crops_tokenizing_once(processor, text, images, model, dtype)
+        assert torch.equal(ours["input_ids"], library["input_ids"])
+        expected = library["pixel_values"] if dtype is None else library["pixel_values"].to(torch.bfloat16)
+        assert ours["pixel_values"].dtype == expected.dtype and torch.equal(ours["pixel_values"], expected), dtype
+
+
+def test_gemma3_in_the_models_dtype_is_what_its_processor_makes(tmp_path: pathlib.Path) -> None:
+    from mmprep_runtime.backends.native import stages
+
+    processor, model, images = _loaded_with_images("gemma3", tmp_path)
+    text = "<start_of_turn>user\n<start_of_image>What<start_of_image>\n<start_of_image> is it?<end_of_turn>\n"
+    library = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False, **model.processor_kwargs)
+    for dtype in (None, "bfloat16"):
+        ours = stages._process_sequence_in_dtype(processor, text, images, model, dtype)
+        assert set(ours) == {"input_ids", "pixel_values"}
         assert torch.equal(ours["input_ids"], library["input_ids"])
         expected = library["pixel_values"] if dtype is None else library["pixel_values"].to(torch.bfloat16)
         assert ours["pixel_values"].dtype == expected.dtype and torch.equal(ours["pixel_values"], expected), dtype
