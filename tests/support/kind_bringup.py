@@ -1,11 +1,12 @@
-"""The kind cluster's bring-up, started in the background when the session starts.
+"""The kind cluster's bring-up, started in the background behind the other tiers.
 
 Creating the kind cluster and loading the 6 GB runtime image into its two workers is the longest
-single step of the test suite, and most of it is waiting on disks and on kubelets. Started at
-collection time (tests/e2e/conftest.py, which also moves the kind tests to the end of the session),
-it overlaps with every other tier; the kind tests' fixture then waits for it. hack/docker/kind-up.sh
-is idempotent and holds a lock, so a second call (a developer running only the kind tests) waits for
-the first and finds the cluster ready.
+single step of the test suite, and most of it is waiting on disks and on kubelets. Started as the
+first test after the compatibility tier is set up (tests/e2e/conftest.py, which also moves the kind
+tests to the end of the session), it overlaps with the tiers that mostly wait on an API server; the
+kind tests' fixture then waits for it. hack/docker/kind-up.sh is idempotent and holds a lock, so a
+second call (a developer running only the kind tests) waits for the first and finds the cluster
+ready.
 """
 
 from __future__ import annotations
