@@ -166,25 +166,40 @@ WRONG_OPTIONS = {
 }
 
 
+@pytest.fixture(scope="module")
+def wrong_option_starts(vllm_venv: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    """Every case's server started at once and run until it exits: each start is an import of
+    vLLM in two processes that then fail, and side by side they take little more than the longest."""
+    work = tmp_path_factory.mktemp("wrong-options")
+    env = {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}
+    started: dict[str, tuple[subprocess.Popen[bytes], pathlib.Path]] = {}
+    for number, (case, (kind, options, _)) in enumerate(sorted(WRONG_OPTIONS.items())):
+        folder = models.make_model(kind, work / f"{number}-{kind}")
+        command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
+        command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-processes", "1", "--vllm-args", options]
+        log = work / f"{number}.log"
+        with log.open("wb") as out:
+            started[case] = (subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT), log)
+    ended: dict[str, tuple[int, str]] = {}
+    try:
+        for case, (process, log) in started.items():
+            ended[case] = (process.wait(timeout=600), log.read_text(errors="replace"))
+    finally:
+        for process, _ in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return ended
+
+
 @pytest.mark.parametrize("case", sorted(WRONG_OPTIONS))
 def test_a_wrong_vllm_option_stops_the_server_at_start_with_vllms_own_error(
-    vllm_venv: pathlib.Path, tmp_path: pathlib.Path, case: str
+    wrong_option_starts: dict[str, tuple[int, str]], case: str
 ) -> None:
     """A wrong option given through --vllm-args: the render processes fail as vLLM's server fails
     on it, and mmprep exits with vLLM's message in its log instead of serving."""
-    kind, options, message = WRONG_OPTIONS[case]
-    folder = models.make_model(kind, tmp_path / kind)
-    command = [str(vllm_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
-    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-processes", "1", "--vllm-args", options]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")},
-    )
-    log = done.stdout + done.stderr
-    assert done.returncode == 1, log[-3000:]
+    returncode, log = wrong_option_starts[case]
+    message = WRONG_OPTIONS[case][2]
+    assert returncode == 1, log[-3000:]
     assert message in log, log[-3000:]
     assert "the processor could not be started" in log, log[-3000:]
