@@ -45,7 +45,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from support.render_servers import Server  # noqa: E402 - after the sys.path line
-from support.servers import free_port, vllm_render_env  # noqa: E402 - after the sys.path line
+from support.servers import cpu_engine_env, free_port  # noqa: E402 - after the sys.path line
 
 sys.path.insert(0, str(REPO / "benchmarks" / "render"))
 from run_benchmark import process_tree_cpu as tree_cpu  # noqa: E402 - after the sys.path line
@@ -167,10 +167,9 @@ def main() -> int:
     tier_command = [str(venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(folder)]
     tier_command += ["--host", "127.0.0.1", "--port", str(tier_port), "--render-processes", "1"]
     tier_command += ["--engine", f"http://127.0.0.1:{engine_port}"]
-    engine = Server(
-        "engine", engine_command, {**vllm_render_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}, "/health", work / "engine.log"
-    )
-    tier = Server("tier", tier_command, {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}, "/health", work / "tier.log")
+    engine = Server("engine", engine_command, cpu_engine_env(venv), "/health", work / "engine.log")
+    tier_env = {**cpu_engine_env(venv), "PYTHONPATH": str(REPO / "runtime")}
+    tier = Server("tier", tier_command, tier_env, "/health", work / "tier.log")
     images = Images(args.images, size)  # type: ignore[arg-type]
     rows: list[dict[str, Any]] = []
     try:

@@ -41,7 +41,7 @@ case "$FLAVOR" in
   *) echo "usage: $0 [render|cpu-engine]" >&2; exit 2 ;;
 esac
 marker="$venv/.mmprep-deps-$(printf '%s' "$deps" | sha256sum | cut -c1-12)"
-if [ -f "$venv/.installed" ] && [ -f "$marker" ] && [ -f "$venv/.mmprep-linked" ]; then
+if [ -f "$venv/.installed" ] && [ -f "$marker" ] && [ -f "$venv/.mmprep-linked" ] && [ -f "$venv/.mmprep-modelinfos" ]; then
   echo "$venv"
   exit 0
 fi
@@ -134,5 +134,19 @@ for path in target.rglob("*") if target else ():
 print(f"{linked / 2**30:.1f} GiB linked to the other vLLM virtualenvs' equal files")
 PY
   touch "$venv/.mmprep-linked"
+fi
+if [ ! -f "$venv/.mmprep-modelinfos" ]; then
+  # vLLM inspects a model's class in a fresh process the first time it serves its architecture
+  # (15-40 s here), and a test session on a new machine starts a dozen servers on as many of them:
+  # one process fills that cache for every architecture the tests' folders declare (about 30 s).
+  # The CPU build keeps its own (tests/support/servers.py, cpu_engine_env): the same file names
+  # hold another version's modules, and each would find the other's entries stale.
+  cache_root=${VLLM_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm}
+  [ "$FLAVOR" = cpu-engine ] && cache_root=$venv/vllm-cache
+  if ! VLLM_CACHE_ROOT=$cache_root PYTHONPATH="$repo/runtime" CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
+    "$venv/bin/python" "$repo/hack/vllm/warm_modelinfos.py" >&2; then
+    echo "warning: vLLM's model inspections were not cached ahead (see above): each server's first start pays for its own" >&2
+  fi
+  touch "$venv/.mmprep-modelinfos"
 fi
 echo "$venv"

@@ -33,7 +33,7 @@ import pytest
 from support import openai_answers, readme
 from support.kube import REPO
 from support.render_servers import Server, data_uri
-from support.servers import free_port, vllm_render_env
+from support.servers import cpu_engine_env, free_port
 
 from mmprep_runtime.synthetic import media, models
 
@@ -52,11 +52,6 @@ def readme_generate_command() -> list[str]:
     lines = [line for block in blocks for line in block.splitlines()]
     (line,) = [line for line in lines if line.startswith("vllm serve ")]
     return shlex.split(line.split("#", 1)[0])
-
-
-def _engine_env() -> dict[str, str]:
-    # The KV cache's size on a CPU (GiB): vLLM's default takes a share of the machine's memory.
-    return {**vllm_render_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +73,9 @@ def servers(
     engine_command = [*command, "--host", "127.0.0.1", *CPU_ENGINE_ARGS, "--enable-prompt-tokens-details"]
     mmprep_command = [str(cpu_engine_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(model)]
     mmprep_command += ["--host", "127.0.0.1", "--port", str(free_port()), "--render-path", "general", "--render-processes", "1"]
-    engine = Server("vLLM engine", engine_command, _engine_env(), "/health", work / "engine.log")
-    mmprep = Server(
-        "mmprep", mmprep_command, {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}, "/health", work / "mmprep.log"
-    )
+    engine = Server("vLLM engine", engine_command, cpu_engine_env(cpu_engine_venv), "/health", work / "engine.log")
+    mmprep_env = {**cpu_engine_env(cpu_engine_venv), "PYTHONPATH": str(REPO / "runtime")}
+    mmprep = Server("mmprep", mmprep_command, mmprep_env, "/health", work / "mmprep.log")
     try:
         engine.wait()
         mmprep.wait()
@@ -152,7 +146,7 @@ def test_tokens_only_refuses_a_multimodal_model_as_the_readme_says(
     command = [str(cpu_engine_venv / "bin" / "vllm"), "serve", str(model), "--tokens-only", "--port", str(free_port())]
     done = subprocess.run(
         [*command, "--host", "127.0.0.1", *CPU_ENGINE_ARGS],
-        env=_engine_env(),
+        env=cpu_engine_env(cpu_engine_venv),
         capture_output=True,
         text=True,
         timeout=600,

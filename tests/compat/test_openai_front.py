@@ -35,7 +35,7 @@ import pytest
 from support import openai_answers
 from support.kube import REPO, wait_for
 from support.render_servers import Server
-from support.servers import free_port, vllm_render_env
+from support.servers import cpu_engine_env, free_port
 from support.tools import WEATHER_TOOL
 
 from mmprep_runtime.synthetic import media, models
@@ -72,9 +72,9 @@ def servers(
     tier_command = [str(cpu_engine_venv / "bin" / "python"), "-m", "mmprep_runtime.cli", "serve", "--model", str(model)]
     tier_command += ["--host", "127.0.0.1", "--port", str(tier_port), "--render-path", "general", "--render-processes", "1"]
     tier_command += ["--engine", dead_engine, "--engine", f"http://127.0.0.1:{engine_port}", "--vllm-args", shlex.join(PARSERS)]
-    engine_env = {**vllm_render_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    engine_env = cpu_engine_env(cpu_engine_venv)
     engine = Server("vLLM engine", engine_command, engine_env, "/health", work / "engine.log")
-    tier_env = {**vllm_render_env(), "PYTHONPATH": str(REPO / "runtime")}
+    tier_env = {**cpu_engine_env(cpu_engine_venv), "PYTHONPATH": str(REPO / "runtime")}
     tier = Server("mmprep", tier_command, tier_env, "/health", work / "tier.log")
     try:
         engine.wait()

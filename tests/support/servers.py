@@ -50,3 +50,12 @@ def vllm_render_env() -> dict[str, str]:
     env = {**os.environ, **VLLM_CPU_ENV}
     env.pop("VIRTUAL_ENV", None)
     return env
+
+
+def cpu_engine_env(venv: pathlib.Path) -> dict[str, str]:
+    """``vllm_render_env()`` for vLLM's CPU build (``hack/vllm/venv.sh cpu-engine``), its engine and
+    the tier run from it: a KV cache of 1 GiB (vLLM's default takes a share of the machine's memory),
+    and its own cache of model inspections, which venv.sh fills. The render virtualenv's vLLM keeps
+    its own under the same file names, for another version's modules: sharing one, each would find
+    the other's entries stale and inspect the model again at every start."""
+    return {**vllm_render_env(), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(venv / "vllm-cache")}
