@@ -66,6 +66,12 @@ else
   groups=("${todo[@]}")
 fi
 mkdir -p "$work"
+# The kept copy is shared by every bring-up on this machine: one writes it at a time, and a second
+# bring-up of the same image waits and then reads it.
+exec 7>"$work/lock"
+flock 7
+# Each node's import errors are written beside the copy; a failure prints them, then they go.
+trap 'rm -f "$work"/*.err' EXIT
 for group in "${groups[@]}"; do
   read -r -a nodes <<<"$group"
   start=$SECONDS
